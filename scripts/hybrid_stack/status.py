@@ -61,8 +61,21 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(stack: Stack) -> str:
+    """The README's table of what the stack carries."""
+    lines = ["| entry | status | upstream PR | purpose |", "|---|---|---|---|"]
+    for e in stack.entries:
+        status = e.status + (f" in {e.upstreamed_in}" if e.upstreamed_in else "")
+        pr = f"[#{e.upstream_pr.rsplit('/', 1)[-1]}]({e.upstream_pr})" if e.upstream_pr else "-"
+        lines.append(f"| `{e.name}` | {status} | {pr} | {e.purpose} |")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     stack = load_stack(args.root)
+    if args.markdown:
+        print(markdown(stack))
+        return 0
     ok = {} if args.no_apply else applies(stack, args.source)
     rows = [["#", "entry", "status", "upstream PR", "files", "+/-", "applies"]]
     for i, e in enumerate(stack.entries, 1):
@@ -92,4 +105,5 @@ def add_parser(sub) -> None:
     p = sub.add_parser("status", help="table of the series")
     p.add_argument("--no-apply", action="store_true", help="skip the trial apply")
     p.add_argument("--source", choices=("sdist", "git", "local"), default="sdist")
+    p.add_argument("--markdown", action="store_true", help="print the README's table")
     p.set_defaults(func=run)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need, then runs them all.
+#   1. the tooling (.venv, editable, with test extras)
+#   2. fetch + apply the pinned base and the series into work/vllm
+#   3. build the patched tree Python-only into work/venv (lean CPU profile)
+#   4. the tooling tests (pytest tests/)
+#   5. the stack's CPU suite on the patched tree (hybrid-stack test)
+# Exits non-zero on any failure; pytest's "no tests collected" (5) is a failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+PY=${PYTHON:-python3}
+
+step "tooling: .venv"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+export PATH="$PWD/.venv/bin:$PATH"
+
+step "fetch + apply"
+hybrid-stack fetch
+hybrid-stack apply
+
+step "build (lean profile)"
+hybrid-stack build --profile lean
+
+step "tooling tests"
+set +e
+python -m pytest tests -q -ra
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "tooling tests: pytest collected no tests" >&2; exit 1; fi
+[ "$rc" -eq 0 ] || exit "$rc"
+
+step "CPU suite on the patched tree"
+hybrid-stack test
