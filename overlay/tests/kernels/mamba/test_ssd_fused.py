@@ -1,0 +1,456 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Tests for the fused single-launch Mamba2 SSD prefill kernel.
+
+GPU tests compare ``mamba_chunk_scan_fused_varlen`` against a slow, obvious
+token-by-token SSM recurrence in float64 and against the upstream five-kernel
+chain (``mamba_chunk_scan_combined_varlen``).
+
+``test_fused_ssd_triton_interpreter`` runs the kernel under the Triton
+interpreter on the CPU, so CPU-only CI catches indexing and masking bugs:
+
+    TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" \\
+        pytest tests/kernels/mamba/test_ssd_fused.py -k interpreter
+
+(it is skipped unless TRITON_INTERPRET=1 is set; it uses fp32 since the
+interpreter's bf16 ``tl.dot`` is not usable).
+"""
+
+import itertools
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm.model_executor.layers.mamba.ops import ssd_fused
+from vllm.model_executor.layers.mamba.ops.ssd_combined import (
+    mamba_chunk_scan_combined_varlen,
+)
+from vllm.model_executor.layers.mamba.ops.ssd_fused import (
+    _mamba_chunk_scan_fused_fwd,
+    mamba_chunk_scan_auto_varlen,
+    mamba_chunk_scan_fused_varlen,
+    select_mamba_chunk_scan_varlen,
+)
+from vllm.platforms import current_platform
+
+requires_gpu = pytest.mark.skipif(
+    not current_platform.is_cuda_alike(),
+    reason="The fused Mamba2 SSD kernel needs a CUDA-alike GPU "
+    "(the CPU is covered by the Triton interpreter test).",
+)
+
+TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+
+
+def chunk_metadata(
+    lens: list[int], chunk_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cu_seqlens, cu_chunk_seqlens, last_chunk_indices, seq_idx with the
+    rule of vLLM's Mamba2 metadata builder: chunks end at sequence ends and
+    at multiples of chunk_size of the packed token position."""
+    bounds, seq_idx, last = [0], [], []
+    pos = 0
+    for s, n in enumerate(lens):
+        end = pos + n
+        while pos < end:
+            pos += min(chunk_size - pos % chunk_size, end - pos)
+            bounds.append(pos)
+            seq_idx.append(s)
+        last.append(len(seq_idx) - 1)
+    cu = [0, *itertools.accumulate(lens)]
+
+    def t(v: list[int]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.int32, device=device)
+
+    return t(cu), t(bounds), t(last), t(seq_idx)
+
+
+def ssd_reference(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_at: set[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """Slow, obvious SSM recurrence in float64 on the CPU, one token at a time:
+    h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T,  y_t = h_t C_t + D x_t,
+    y_t *= silu(z_t).  Returns (y, final states, {token: state after it})."""
+    x, dt, A, B, C = (t.double().cpu() for t in (x, dt, A, B, C))
+    T, H, P = x.shape
+    G, N = B.shape[1:]
+    if dt_bias is not None:
+        dt = dt + dt_bias.double().cpu()
+    if dt_softplus:
+        dt = torch.where(dt <= 20.0, F.softplus(dt), dt)
+    dt = dt.clamp(dt_limit[0], dt_limit[1])
+    Bh = B.repeat_interleave(H // G, dim=1)
+    Ch = C.repeat_interleave(H // G, dim=1)
+    y = torch.empty(T, H, P, dtype=torch.float64, device=x.device)
+    finals, snap = [], {}
+    for s in range(cu_seqlens.numel() - 1):
+        if initial_states is not None:
+            h = initial_states[s].double().cpu()
+        else:
+            h = torch.zeros(H, P, N, dtype=torch.float64, device=x.device)
+        for t in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
+            decay = torch.exp(dt[t] * A)[:, None, None]
+            h = decay * h + dt[t][:, None, None] * x[t][:, :, None] * Bh[t][:, None]
+            y[t] = (h * Ch[t][:, None]).sum(-1)
+            if state_at is not None and t in state_at:
+                snap[t] = h.clone()
+        finals.append(h)
+    if D is not None:
+        Dd = D.double().cpu()
+        y = y + x * (Dd[None] if Dd.dim() == 2 else Dd[None, :, None])
+    if z is not None:
+        zd = z.double().cpu()
+        y = y * zd * torch.sigmoid(zd)
+    return y, torch.stack(finals), snap
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def make_inputs(
+    lens: list[int],
+    nheads: int,
+    headdim: int,
+    ngroups: int,
+    dstate: int,
+    itype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(seed)
+    T = sum(lens)
+
+    def r(*s: int, dtype: torch.dtype = itype) -> torch.Tensor:
+        return torch.randn(*s, device=device, dtype=dtype, generator=g)
+
+    return dict(
+        x=r(T, nheads, headdim),
+        dt=r(T, nheads) * 0.5 - 1.0,
+        A=-torch.rand(nheads, device=device, generator=g) - 0.5,
+        B=r(T, ngroups, dstate),
+        C=r(T, ngroups, dstate),
+        z=r(T, nheads, headdim),
+        dt_bias=r(nheads, dtype=torch.float32) * 0.1,
+        D_head=r(nheads, dtype=torch.float32),
+        D_dim=r(nheads, headdim, dtype=torch.float32),
+        init=r(len(lens), nheads, headdim, dstate, dtype=torch.float32),
+    )
+
+
+def run_case(
+    fn,
+    lens: list[int],
+    chunk_size: int,
+    inp: dict[str, torch.Tensor],
+    *,
+    use_z: bool,
+    d_mode: str,
+    use_init: bool,
+    scatter: bool,
+    intermediate: bool = False,
+    state_dtype: torch.dtype | None = torch.float32,
+):
+    device = inp["x"].device
+    T, H, P = inp["x"].shape
+    N = inp["B"].shape[-1]
+    cu, cu_chunk, last, seq_idx = chunk_metadata(lens, chunk_size, device)
+    out = torch.full((T, H, P), float("nan"), device=device, dtype=inp["x"].dtype)
+    D = {"none": None, "head": inp["D_head"], "dim": inp["D_dim"]}[d_mode]
+    cache = idx = None
+    if scatter:
+        # non-contiguous, permuted slots inside a larger state cache
+        nslots = 3 * len(lens) + 2
+        cache = torch.full(
+            (nslots, H, P, N), float("nan"), device=device, dtype=state_dtype
+        )
+        perm = torch.randperm(nslots, generator=torch.Generator().manual_seed(1))
+        idx = perm[: len(lens)].to(device=device, dtype=torch.int32)
+    ret = fn(
+        inp["x"],
+        inp["dt"],
+        inp["A"],
+        inp["B"],
+        inp["C"],
+        chunk_size,
+        cu,
+        cu_chunk,
+        last,
+        seq_idx,
+        out,
+        D=D,
+        z=inp["z"] if use_z else None,
+        dt_bias=inp["dt_bias"],
+        initial_states=inp["init"] if use_init else None,
+        dt_softplus=True,
+        return_intermediate_states=intermediate,
+        state_dtype=state_dtype,
+        final_states_out=cache,
+        final_state_indices=idx,
+    )
+    if scatter:
+        assert ret is None
+        untouched = torch.ones(cache.shape[0], dtype=torch.bool, device=device)
+        untouched[idx.long()] = False
+        # slots that are not ours stay untouched
+        assert cache[untouched].isnan().all()
+        finals = cache[idx.long()]
+    elif intermediate:
+        finals = ret[last.long()]
+    else:
+        finals = ret
+    return out, finals, ret, (cu, cu_chunk, last, seq_idx), D
+
+
+def check_against_reference(
+    fn,
+    lens: list[int],
+    chunk_size: int,
+    inp: dict[str, torch.Tensor],
+    itype: torch.dtype,
+    **kw,
+) -> None:
+    out, finals, ret, (cu, _, _, _), D = run_case(fn, lens, chunk_size, inp, **kw)
+    assert not out.isnan().any(), "some output elements were not written"
+    assert not finals.isnan().any()
+    ref_out, ref_final, _ = ssd_reference(
+        inp["x"],
+        inp["dt"],
+        inp["A"],
+        inp["B"],
+        inp["C"],
+        cu,
+        D=D,
+        z=inp["z"] if kw["use_z"] else None,
+        dt_bias=inp["dt_bias"],
+        initial_states=inp["init"] if kw["use_init"] else None,
+        dt_softplus=True,
+    )
+    assert rel_err(out, ref_out) < TOL[itype]
+    assert rel_err(finals, ref_final) < TOL[itype]
+
+
+@requires_gpu
+@pytest.mark.parametrize("itype", [torch.bfloat16])
+def test_fused_ssd_long_sequence(itype):
+    """One sequence of >= 64k tokens (257 chunks of 256 handed on in
+    order), plus a short one behind it."""
+    device = current_platform.device_type
+    lens = [65536 + 101, 77]
+    inp = make_inputs(lens, 2, 64, 1, 32, itype, device, seed=7)
+    check_against_reference(
+        mamba_chunk_scan_fused_varlen,
+        lens,
+        256,
+        inp,
+        itype,
+        use_z=True,
+        d_mode="head",
+        use_init=True,
+        scatter=True,
+    )
+
+
+@requires_gpu
+def test_fused_ssd_more_chunks_than_resident_ctas():
+    """Far more work items (chunks x heads) than can be resident at once,
+    in one sequence so every item waits on its predecessor; compared with
+    the chain. With the ticket scheme this cannot deadlock whatever order
+    the hardware starts the programs in."""
+    device = current_platform.device_type
+    itype = torch.bfloat16
+    chunk_size = 128
+    lens = [32768, 1000, 3]  # 265 chunks x 128 heads = 33920 programs
+    inp = make_inputs(lens, 128, 64, 1, 128, itype, device, seed=11)
+    sm = torch.cuda.get_device_properties(device).multi_processor_count
+    nchunks = sum(-(-n // chunk_size) for n in lens)
+    assert nchunks * 128 > 16 * sm
+    kw = dict(use_z=False, d_mode="head", use_init=True, scatter=True)
+    out_f, fin_f = run_case(mamba_chunk_scan_fused_varlen, lens, chunk_size, inp, **kw)[
+        :2
+    ]
+    out_c, fin_c = run_case(
+        mamba_chunk_scan_combined_varlen, lens, chunk_size, inp, **kw
+    )[:2]
+    assert not out_f.isnan().any()
+    assert rel_err(out_f, out_c) < TOL[itype]
+    assert rel_err(fin_f, fin_c) < TOL[itype]
+
+
+# Lengths below / equal to / not a multiple of the chunk, in one batch.
+SHORT_LENS = {
+    128: [1, 127, 128, 129, 5, 256, 300, 77],
+    256: [3, 255, 256, 257, 40, 512, 600, 1],
+}
+
+
+@requires_gpu
+@pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [128, 256])
+@pytest.mark.parametrize("ngroups", [1, 2, 8])
+@pytest.mark.parametrize(
+    "use_z,d_mode,use_init,scatter",
+    [
+        (True, "dim", True, True),
+        (False, "head", False, False),
+        (True, "head", True, False),
+        (False, "none", False, True),
+    ],
+)
+def test_fused_ssd_vs_reference(
+    itype, chunk_size, ngroups, use_z, d_mode, use_init, scatter
+):
+    device = current_platform.device_type
+    lens = SHORT_LENS[chunk_size]
+    inp = make_inputs(lens, 8, 64, ngroups, 64, itype, device, seed=ngroups)
+    check_against_reference(
+        mamba_chunk_scan_fused_varlen,
+        lens,
+        chunk_size,
+        inp,
+        itype,
+        use_z=use_z,
+        d_mode=d_mode,
+        use_init=use_init,
+        scatter=scatter,
+    )
+
+
+@requires_gpu
+@pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [128, 256])
+@pytest.mark.parametrize("headdim,dstate", [(64, 128), (32, 16), (80, 128)])
+def test_fused_ssd_vs_chain(itype, chunk_size, headdim, dstate):
+    """Same inputs through both implementations: outputs, final states
+    written into the cache, and intermediate (per-chunk) states."""
+    device = current_platform.device_type
+    lens = [chunk_size * 3 + 17, 9, chunk_size, 2 * chunk_size - 1, 700]
+    inp = make_inputs(lens, 16, headdim, 2, dstate, itype, device, seed=3)
+    kw = dict(use_z=True, d_mode="dim", use_init=True)
+    outs = {}
+    for name in ("chain", "fused"):
+        fn = select_mamba_chunk_scan_varlen(name)
+        outs[name] = run_case(fn, lens, chunk_size, inp, scatter=True, **kw)[:2]
+        outs[name + "_inter"] = run_case(
+            fn, lens, chunk_size, inp, scatter=False, intermediate=True, **kw
+        )[2]
+    assert not outs["fused"][0].isnan().any()
+    assert rel_err(outs["fused"][0], outs["chain"][0]) < TOL[itype]
+    assert rel_err(outs["fused"][1], outs["chain"][1]) < TOL[itype]
+    inter_f, inter_c = outs["fused_inter"], outs["chain_inter"]
+    assert inter_f.shape == inter_c.shape and inter_f.dtype == inter_c.dtype
+    assert rel_err(inter_f, inter_c) < TOL[itype]
+
+
+@requires_gpu
+@pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
+def test_fused_ssd_intermediate_states(itype):
+    """return_intermediate_states: the state after the last token of every
+    (pseudo) chunk, as used by the prefix-caching checkpoint path."""
+    device = current_platform.device_type
+    chunk_size = 128
+    lens = [300, 128, 50, 513]
+    inp = make_inputs(lens, 4, 64, 1, 32, itype, device, seed=5)
+    out, finals, inter, (cu, cu_chunk, last, _), D = run_case(
+        mamba_chunk_scan_fused_varlen,
+        lens,
+        chunk_size,
+        inp,
+        use_z=False,
+        d_mode="head",
+        use_init=True,
+        scatter=False,
+        intermediate=True,
+    )
+    assert not out.isnan().any()
+    ends = [int(e) - 1 for e in cu_chunk[1:]]
+    _, _, snap = ssd_reference(
+        inp["x"],
+        inp["dt"],
+        inp["A"],
+        inp["B"],
+        inp["C"],
+        cu,
+        D=D,
+        dt_bias=inp["dt_bias"],
+        initial_states=inp["init"],
+        dt_softplus=True,
+        state_at=set(ends),
+    )
+    ref = torch.stack([snap[e] for e in ends])
+    assert inter.shape == ref.shape
+    assert rel_err(inter, ref) < TOL[itype]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton interpreter test: set TRITON_INTERPRET=1 "
+    '(and CUDA_VISIBLE_DEVICES="") to run it on the CPU.',
+)
+@pytest.mark.parametrize("scatter,intermediate", [(True, False), (False, True)])
+def test_fused_ssd_triton_interpreter(scatter, intermediate):
+    """Small fp32 case on CPU tensors under TRITON_INTERPRET=1: several
+    sub-blocks per chunk, several head-dim blocks (headdim not a power of
+    two), 2 groups, sequences shorter / equal / longer than the chunk."""
+    lens = [5, 32, 45, 70]
+    chunk_size = 32
+    inp = make_inputs(lens, 4, 24, 2, 16, torch.float32, "cpu", seed=13)
+    ssd_fused._set_launch_config(BLOCK_M=16, BLOCK_KB=16 if scatter else 32, BLOCK_P=16)
+    try:
+        out, finals, ret, (cu, cu_chunk, last, _), D = run_case(
+            _mamba_chunk_scan_fused_fwd,
+            lens,
+            chunk_size,
+            inp,
+            use_z=True,
+            d_mode="dim",
+            use_init=True,
+            scatter=scatter,
+            intermediate=intermediate,
+        )
+    finally:
+        ssd_fused._set_launch_config()
+    assert not out.isnan().any()
+    ends = [int(e) - 1 for e in cu_chunk[1:]]
+    ref_out, ref_final, snap = ssd_reference(
+        inp["x"],
+        inp["dt"],
+        inp["A"],
+        inp["B"],
+        inp["C"],
+        cu,
+        D=D,
+        z=inp["z"],
+        dt_bias=inp["dt_bias"],
+        initial_states=inp["init"],
+        dt_softplus=True,
+        state_at=set(ends),
+    )
+    assert rel_err(out, ref_out) < 1e-5
+    assert rel_err(finals, ref_final) < 1e-5
+    if intermediate:
+        assert rel_err(ret, torch.stack([snap[e] for e in ends])) < 1e-5
+
+
+def test_select_mamba_chunk_scan_varlen():
+    assert select_mamba_chunk_scan_varlen() is mamba_chunk_scan_combined_varlen
+    assert select_mamba_chunk_scan_varlen("chain") is (mamba_chunk_scan_combined_varlen)
+    assert select_mamba_chunk_scan_varlen("fused") is mamba_chunk_scan_fused_varlen
+    assert select_mamba_chunk_scan_varlen("auto") is mamba_chunk_scan_auto_varlen
+    with pytest.raises(ValueError):
+        select_mamba_chunk_scan_varlen("nope")

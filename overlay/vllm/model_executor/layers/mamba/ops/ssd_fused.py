@@ -1,0 +1,711 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Fused single-launch Mamba2 SSD prefill (varlen).
+
+``mamba_chunk_scan_fused_varlen`` is a drop-in replacement for
+``ssd_combined.mamba_chunk_scan_combined_varlen`` (same arguments, same
+return value, same in-place writes).  The upstream chain launches five Triton
+kernels (chunk cumsum, chunk state, state passing, bmm, chunk scan) and moves
+``dt``, ``dA_cumsum``, per-chunk states and the ``C^T B`` blocks through HBM.
+Here one launch does everything; only the chunk-boundary states go through
+memory (an fp32 workspace that stays mostly in L2), handed from the CTA of
+chunk ``c - 1`` to the CTA of chunk ``c`` of the same head block with an
+acquire/release flag.
+
+Selected with ``MambaConfig.ssd_prefill`` (CLI ``--mamba-ssd-prefill``):
+``"chain"`` (default, upstream), ``"fused"`` (always this kernel) or
+``"auto"`` (this kernel for small prefills, the chain for large ones).  See
+``select_mamba_chunk_scan_varlen``.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+from vllm.model_executor.layers.mamba.ops.mamba_ssm import softplus
+from vllm.model_executor.layers.mamba.ops.ssd_combined import (
+    is_int_pow_2,
+    mamba_chunk_scan_combined_varlen,
+)
+from vllm.model_executor.layers.mamba.ops.triton_helpers import fast_exp
+from vllm.triton_utils import tl, triton
+
+# ---------------------------------------------------------------------------
+# Kernel
+#
+# Work decomposition.  A work item is (chunk c, head h, head-dim block pb);
+# there are nchunks * NHB of them with NHB = nheads * cdiv(headdim, BLOCK_P).
+# The grid has exactly one program per work item, but a program does NOT use
+# its program_id: it takes a ticket t from a global atomic counter and works
+# on item (c, hb) = divmod(t, NHB).  Tickets are therefore handed out in
+# chunk-major order, in the order programs actually start running.
+#
+# One program, for its (c, h, pb):
+#   A. dt -> softplus(dt + dt_bias) clamped to dt_limit, dA = dt * A[h]; the
+#      chunk's total decay dA_tot = sum(dA) (all in registers, fp32).
+#   B. the chunk-local state  S_loc[p, n] = sum_t x[t, p] * B[t, n] * dt[t]
+#      * exp(dA_tot - cumsum(dA)[t])  (tensor-core dots over BLOCK_KB rows).
+#   C. the state entering the chunk, S_prev: the initial state of the
+#      sequence (or zero) if c starts a sequence, else the state published by
+#      the program of (c - 1, hb).  S_end = exp(dA_tot) * S_prev + S_loc is
+#      published for (c + 1, hb) unless c is the sequence's last chunk, in
+#      which case it goes to the final state (slot scatter or return tensor);
+#      with return_intermediate_states it is also written for every chunk.
+#   D. the output of the chunk, BLOCK_M rows at a time, carrying the running
+#      state through the sub-blocks in registers:
+#        y = exp(cs_i - base) * C_i . S_run                  (inter part)
+#          + sum_{j <= i in block} C_i.B_j exp(cs_i - cs_j) dt_j x_j
+#          + D * x_i,  then  y *= silu(z)  (if z),
+#      followed by S_run <- exp(cs_end - base) S_run + x^T (B dt exp(..)).
+#      All decay exponents are <= 0, so nothing can overflow.
+#
+# Deadlock freedom (proof).  Let item t wait only on item t - NHB (same hb,
+# previous chunk, and only when both chunks belong to the same sequence).
+# A ticket is taken by a program that is already running, and the counter
+# hands out tickets in increasing order, so when some program holds ticket t
+# every ticket u < t is held by a program that is running (resident) or has
+# finished.  Induction on t: ticket 0 waits on nothing and finishes.  If all
+# tickets < t eventually publish (they wait only on smaller tickets, which by
+# the hypothesis publish), then the holder of t - NHB is resident, gets its
+# turn (resident CTAs make progress independent of each other), publishes,
+# and t's spin loop ends.  No assumption about the order in which the
+# hardware starts programs or how many are resident is needed; with one
+# resident program at a time (or the sequential Triton interpreter) it still
+# terminates because a program never waits on a ticket that is handed out
+# after its own.
+#
+# Memory ordering.  Publisher: every thread stores its part of S_end (st to
+# global), then a CTA barrier (bar.sync orders the stores of all threads
+# before it at CTA scope), then one release atomic at GPU scope on the flag
+# (release is cumulative, so all those stores are visible at GPU scope before
+# the flag).  Consumer: acquire atomic loads of the flag at GPU scope until it
+# is set, a CTA barrier, then the state loads, which use ".cg" (L2, never a
+# possibly stale L1 line).  Flags are zeroed by the host before every launch
+# together with the ticket counter.
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _dt_block(
+    dt_ptr,
+    dt_bias,
+    offs_t,
+    clen,
+    stride_dt_seqlen,
+    dt_min,
+    dt_max,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+):
+    """Processed dt (fp32) for rows offs_t of the chunk; 0 beyond clen."""
+    valid = offs_t < clen
+    dt = tl.load(dt_ptr + offs_t * stride_dt_seqlen, mask=valid, other=0.0).to(
+        tl.float32
+    )
+    if HAS_DT_BIAS:
+        dt += dt_bias
+    if DT_SOFTPLUS:
+        dt = tl.where(dt <= 20.0, softplus(dt), dt)
+    dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
+    return tl.where(valid, dt, 0.0)
+
+
+@triton.jit
+def _ssd_fused_varlen_kernel(
+    # tensors
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    out_ptr,
+    init_ptr,
+    ws_ptr,
+    sync_ptr,
+    inter_ptr,
+    final_ptr,
+    final_idx_ptr,
+    cu_chunk_ptr,
+    seq_idx_ptr,
+    last_chunk_ptr,
+    # runtime scalars
+    dt_min,
+    dt_max,
+    # sizes
+    nheads: tl.constexpr,
+    hdim: tl.constexpr,
+    dstate: tl.constexpr,
+    heads_per_group: tl.constexpr,
+    # strides
+    stride_x_t: tl.int64,
+    stride_x_h: tl.int64,
+    stride_x_p: tl.constexpr,
+    stride_dt_t: tl.int64,
+    stride_dt_h: tl.constexpr,
+    stride_B_t: tl.int64,
+    stride_B_g: tl.int64,
+    stride_B_n: tl.constexpr,
+    stride_C_t: tl.int64,
+    stride_C_g: tl.int64,
+    stride_C_n: tl.constexpr,
+    stride_D_h: tl.constexpr,
+    stride_z_t: tl.int64,
+    stride_z_h: tl.int64,
+    stride_z_p: tl.constexpr,
+    stride_out_t: tl.int64,
+    stride_out_h: tl.int64,
+    stride_out_p: tl.constexpr,
+    stride_init_b: tl.int64,
+    stride_init_h: tl.int64,
+    stride_init_p: tl.int64,
+    stride_init_n: tl.constexpr,
+    stride_inter_c: tl.int64,
+    stride_inter_h: tl.int64,
+    stride_inter_p: tl.int64,
+    stride_inter_n: tl.constexpr,
+    stride_final_s: tl.int64,
+    stride_final_h: tl.int64,
+    stride_final_p: tl.int64,
+    stride_final_n: tl.constexpr,
+    stride_final_idx: tl.constexpr,
+    # meta
+    CHUNK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_KB: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_P_BLOCKS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    D_HAS_HDIM: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_INITSTATES: tl.constexpr,
+    WRITE_INTER: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
+    FINAL_HAS_INDICES: tl.constexpr,
+):
+    NHB: tl.constexpr = nheads * NUM_P_BLOCKS
+    # sync_ptr[0] is the ticket counter, sync_ptr[1 + c * NHB + hb] the flag
+    # of item (c, hb).
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed").to(tl.int64)
+    c = ticket // NHB
+    hb = ticket % NHB
+    h = hb // NUM_P_BLOCKS
+    pb = hb % NUM_P_BLOCKS
+    g = h // heads_per_group
+
+    chunk_start = tl.load(cu_chunk_ptr + c).to(tl.int64)
+    clen = (tl.load(cu_chunk_ptr + c + 1) - chunk_start).to(tl.int32)
+    seq = tl.load(seq_idx_ptr + c)
+    seq_prev = tl.load(seq_idx_ptr + c - 1, mask=c > 0, other=-1)
+    is_first = seq != seq_prev
+    is_last = c == tl.load(last_chunk_ptr + seq)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < hdim
+    mask_n = offs_n < dstate
+
+    x_base = x_ptr + chunk_start * stride_x_t + h * stride_x_h
+    dt_base = dt_ptr + chunk_start * stride_dt_t + h * stride_dt_h
+    B_base = B_ptr + chunk_start * stride_B_t + g * stride_B_g
+    C_base = C_ptr + chunk_start * stride_C_t + g * stride_C_g
+
+    A = tl.load(A_ptr + h).to(tl.float32)
+    if HAS_DT_BIAS:  # noqa: SIM108
+        dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    else:
+        dt_bias = 0.0
+
+    # ---- A: total decay of the chunk --------------------------------------
+    offs_c = tl.arange(0, CHUNK_SIZE)
+    dt_all = _dt_block(
+        dt_base, dt_bias, offs_c, clen, stride_dt_t, dt_min, dt_max,
+        HAS_DT_BIAS, DT_SOFTPLUS,
+    )  # fmt: skip
+    dA_tot = tl.sum(dt_all * A, axis=0)
+
+    # ---- B: chunk-local state ---------------------------------------------
+    s_loc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    base = 0.0
+    offs_kb = tl.arange(0, BLOCK_KB)
+    for k0 in range(0, clen, BLOCK_KB):
+        rows = k0 + offs_kb
+        mask_t = rows < clen
+        dt_m = _dt_block(
+            dt_base, dt_bias, rows, clen, stride_dt_t, dt_min, dt_max,
+            HAS_DT_BIAS, DT_SOFTPLUS,
+        )  # fmt: skip
+        dA_m = dt_m * A
+        cs_m = base + tl.cumsum(dA_m, axis=0)
+        w = dt_m * fast_exp(tl.minimum(dA_tot - cs_m, 0.0))
+        b = tl.load(
+            B_base + rows[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
+            mask=mask_t[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        x = tl.load(
+            x_base + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
+            mask=mask_t[:, None] & mask_p[None, :],
+            other=0.0,
+        )
+        xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+        s_loc += tl.dot(tl.trans(xw), b)
+        base = base + tl.sum(dA_m, axis=0)
+
+    # ---- C: state passing ---------------------------------------------------
+    state_offs = offs_p[:, None] * dstate + offs_n[None, :]
+    state_mask = mask_p[:, None] & mask_n[None, :]
+    hdim_x_dstate = hdim * dstate
+    if is_first:
+        if HAS_INITSTATES:
+            s_prev = tl.load(
+                init_ptr
+                + seq.to(tl.int64) * stride_init_b
+                + h * stride_init_h
+                + offs_p[:, None] * stride_init_p
+                + offs_n[None, :] * stride_init_n,
+                mask=state_mask,
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            s_prev = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    else:
+        flag_prev = sync_ptr + 1 + (c - 1) * NHB + hb
+        ready = tl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
+        while ready == 0:
+            ready = tl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+        s_prev = tl.load(
+            ws_ptr + ((c - 1) * nheads + h) * hdim_x_dstate + state_offs,
+            mask=state_mask,
+            other=0.0,
+            cache_modifier=".cg",
+        )
+
+    s_end = fast_exp(dA_tot) * s_prev + s_loc
+    if is_last:
+        if WRITE_FINAL:
+            if FINAL_HAS_INDICES:
+                slot = tl.load(final_idx_ptr + seq * stride_final_idx).to(tl.int64)
+            else:
+                slot = seq.to(tl.int64)
+            tl.store(
+                final_ptr
+                + slot * stride_final_s
+                + h * stride_final_h
+                + offs_p[:, None] * stride_final_p
+                + offs_n[None, :] * stride_final_n,
+                s_end.to(final_ptr.dtype.element_ty),
+                mask=state_mask,
+            )
+    else:
+        tl.store(
+            ws_ptr + (c * nheads + h) * hdim_x_dstate + state_offs,
+            s_end,
+            mask=state_mask,
+            cache_modifier=".cg",
+        )
+        tl.debug_barrier()
+        tl.atomic_xchg(sync_ptr + 1 + c * NHB + hb, 1, sem="release", scope="gpu")
+    if WRITE_INTER:
+        tl.store(
+            inter_ptr
+            + c * stride_inter_c
+            + h * stride_inter_h
+            + offs_p[:, None] * stride_inter_p
+            + offs_n[None, :] * stride_inter_n,
+            s_end.to(inter_ptr.dtype.element_ty),
+            mask=state_mask,
+        )
+
+    # ---- D: outputs -----------------------------------------------------------
+    if HAS_D:
+        if D_HAS_HDIM:
+            Dv = tl.load(D_ptr + h * stride_D_h + offs_p, mask=mask_p, other=0.0).to(
+                tl.float32
+            )
+        else:
+            Dv = tl.load(D_ptr + h * stride_D_h).to(tl.float32)
+    s_run = s_prev
+    for m0 in range(0, clen, BLOCK_M):
+        rows = m0 + offs_m
+        mask_t = rows < clen
+        dt_m = _dt_block(
+            dt_base, dt_bias, rows, clen, stride_dt_t, dt_min, dt_max,
+            HAS_DT_BIAS, DT_SOFTPLUS,
+        )  # fmt: skip
+        dA_m = dt_m * A
+        cs_rel = tl.cumsum(dA_m, axis=0)  # cumsum(dA)[t] - base
+        b = tl.load(
+            B_base + rows[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
+            mask=mask_t[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        cm = tl.load(
+            C_base + rows[:, None] * stride_C_t + offs_n[None, :] * stride_C_n,
+            mask=mask_t[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        x = tl.load(
+            x_base + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
+            mask=mask_t[:, None] & mask_p[None, :],
+            other=0.0,
+        )
+        # inter-block part: C_i . S_run, decayed from the block start
+        acc = tl.dot(cm, tl.trans(s_run).to(cm.dtype))
+        acc = acc * fast_exp(cs_rel)[:, None]
+        # intra-block part
+        cb = tl.dot(cm, tl.trans(b))
+        decay = fast_exp(tl.minimum(cs_rel[:, None] - cs_rel[None, :], 0.0))
+        causal = offs_m[:, None] >= offs_m[None, :]
+        cb = tl.where(causal, cb * decay * dt_m[None, :], 0.0)
+        acc += tl.dot(cb.to(x.dtype), x)
+        if HAS_D:
+            if D_HAS_HDIM:
+                acc += x.to(tl.float32) * Dv[None, :]
+            else:
+                acc += x.to(tl.float32) * Dv
+        if HAS_Z:
+            zv = tl.load(
+                z_ptr
+                + (chunk_start + rows[:, None]) * stride_z_t
+                + h * stride_z_h
+                + offs_p[None, :] * stride_z_p,
+                mask=mask_t[:, None] & mask_p[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            acc *= zv * tl.sigmoid(zv)
+        tl.store(
+            out_ptr
+            + (chunk_start + rows[:, None]) * stride_out_t
+            + h * stride_out_h
+            + offs_p[None, :] * stride_out_p,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=mask_t[:, None] & mask_p[None, :],
+        )
+        if m0 + BLOCK_M < clen:
+            blk = tl.sum(dA_m, axis=0)
+            w = dt_m * fast_exp(tl.minimum(blk - cs_rel, 0.0))
+            xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+            s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(xw), b)
+
+
+# Per-device cache of the launch configuration override (tests and benchmarks
+# set it through _set_launch_config).
+_LAUNCH_OVERRIDE: dict[str, int] = {}
+
+
+def _launch_config(
+    chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype
+) -> dict[str, int]:
+    block_p = min(64, max(16, triton.next_power_of_2(headdim)))
+    cfg = {
+        # Rows per step of the output pass (D) and of the state pass (B).
+        # Measured on H200 (chunk 256, headdim 64, dstate 128, bf16):
+        # BLOCK_M 64 / BLOCK_KB 256 was the fastest correct choice of
+        # BLOCK_M {32, 64}, BLOCK_KB {64, 128, 256}, BLOCK_P {32, 64}.
+        "BLOCK_M": min(64, max(16, chunk_size)),
+        "BLOCK_KB": min(256, max(16, chunk_size)),
+        "BLOCK_P": block_p,
+        # 4 warps beat 8 by 1.4-1.7x for BLOCK_M 32/64 (same measurement).
+        "num_warps": 4,
+        # num_stages=2 produced wrong outputs on H200 (rel. error 0.28-0.45,
+        # with BLOCK_M 64 and with BLOCK_M 32): likely the
+        # sm90 wgmma register reuse issue described in
+        # ssd_chunk_scan._drop_racy_wgmma_configs (dot(cb, x) with cb in
+        # registers inside a pipelined loop). Keep 1.
+        "num_stages": 1,
+    }
+    cfg.update(_LAUNCH_OVERRIDE)
+    return cfg
+
+
+def _set_launch_config(**kwargs: int) -> None:
+    """Override launch parameters (BLOCK_M, BLOCK_KB, BLOCK_P, num_warps,
+    num_stages);
+    for benchmarks and tests. Call with no arguments to reset."""
+    _LAUNCH_OVERRIDE.clear()
+    _LAUNCH_OVERRIDE.update(kwargs)
+
+
+def mamba_chunk_scan_fused_varlen(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    cu_seqlens: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    last_chunk_indices: torch.Tensor,
+    seq_idx: torch.Tensor,
+    out: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_intermediate_states: bool = False,
+    state_dtype: torch.dtype | None = None,
+    final_states_out: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Mamba2 SSD prefill over packed variable-length sequences, one launch.
+
+    Same contract as ``mamba_chunk_scan_combined_varlen``.
+
+    Shapes (T tokens, H heads, P headdim, G groups, N dstate, K chunks,
+    S sequences):
+        x: (T, H, P); dt: (T, H); A: (H,); B, C: (T, G, N), H % G == 0
+        chunk_size: power of two (128 and 256 are the tuned sizes)
+        cu_seqlens: (S + 1,) int; cu_chunk_seqlens: (K + 1,) int token
+            offsets of the (pseudo) chunks, each chunk inside one sequence
+            and at most chunk_size long; seq_idx: (K,) sequence of each
+            chunk, non-decreasing; last_chunk_indices: (S,) last chunk of
+            each sequence
+        out: (T, H, P), written in place for every token
+        D: (H,) or (H, P); z: (T, H, P) gate, out *= silu(z);
+        dt_bias: (H,); dt = clamp(softplus?(dt + dt_bias), *dt_limit)
+        initial_states: (S, H, P, N) state entering each sequence
+        state_dtype: dtype of returned / written states (default C.dtype)
+        final_states_out: (num_slots, H, P, N) state cache; the final state
+            of sequence s is written to final_states_out[final_state_indices[s]]
+            (slots may be in any order and non-contiguous).
+    Dtypes: x, B, C, z, out fp32 / fp16 / bf16 (one dtype for x, B, C);
+    dt, A, D, dt_bias any float; all math is accumulated in fp32, dots take
+    the input dtype (tf32 for fp32 inputs).
+    Returns: (K, H, P, N) states at every chunk end in state_dtype if
+    return_intermediate_states; None if final_states_out is given; else the
+    (S, H, P, N) final states in state_dtype.
+
+    Limitation: a sequence with no tokens (last_chunk_indices == -1) gets no
+    final state (the chain writes its initial state); vLLM never schedules
+    empty prefill sequences.
+
+    Launch: one Triton kernel with grid (K * H * cdiv(P, BLOCK_P),); each
+    program takes a ticket from an atomic counter and computes the output of
+    one chunk for one head and one BLOCK_P slice of the head dim, plus that
+    slice's chunk-end state, which it hands to the next chunk's program via
+    an fp32 workspace (K, H, P, N) and a release/acquire flag.  Besides
+    ``out``, ``final_states_out`` and the returned tensor, it writes only
+    that workspace and a small int32 flag buffer it allocates.
+    """
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # The CPU backend has its own reference implementation.
+        return mamba_chunk_scan_combined_varlen(
+            x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
+            last_chunk_indices, seq_idx, out, D=D, z=z, dt_bias=dt_bias,
+            initial_states=initial_states, dt_softplus=dt_softplus,
+            dt_limit=dt_limit,
+            return_intermediate_states=return_intermediate_states,
+            state_dtype=state_dtype, final_states_out=final_states_out,
+            final_state_indices=final_state_indices,
+        )  # fmt: skip
+
+    return _mamba_chunk_scan_fused_fwd(
+        x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
+        last_chunk_indices, seq_idx, out, D=D, z=z, dt_bias=dt_bias,
+        initial_states=initial_states, dt_softplus=dt_softplus,
+        dt_limit=dt_limit,
+        return_intermediate_states=return_intermediate_states,
+        state_dtype=state_dtype, final_states_out=final_states_out,
+        final_state_indices=final_state_indices,
+    )  # fmt: skip
+
+
+def _mamba_chunk_scan_fused_fwd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    cu_seqlens: torch.Tensor,
+    cu_chunk_seqlens: torch.Tensor,
+    last_chunk_indices: torch.Tensor,
+    seq_idx: torch.Tensor,
+    out: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_intermediate_states: bool = False,
+    state_dtype: torch.dtype | None = None,
+    final_states_out: torch.Tensor | None = None,
+    final_state_indices: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """The Triton path of ``mamba_chunk_scan_fused_varlen`` (no platform
+    check; the Triton interpreter test calls it with CPU tensors)."""
+    assert cu_seqlens is not None, "cu_seqlens must be provided assuming varlen input"
+    assert seq_idx is not None
+    assert final_states_out is None or not return_intermediate_states
+    assert is_int_pow_2(chunk_size), "chunk_size must be integer power of 2"
+    seqlen, nheads, headdim = x.shape
+    _, ngroups, dstate = B.shape
+    assert nheads % ngroups == 0
+    assert B.shape == (seqlen, ngroups, dstate)
+    assert C.shape == B.shape
+    assert dt.shape == (seqlen, nheads)
+    assert A.shape == (nheads,)
+    if z is not None:
+        assert z.shape == x.shape
+    if D is not None:
+        assert D.shape == (nheads, headdim) or D.shape == (nheads,)
+        if D.stride(-1) != 1:
+            D = D.contiguous()
+    if dt_bias is not None:
+        assert dt_bias.shape == (nheads,)
+        dt_bias = dt_bias.contiguous()
+    A = A.contiguous()
+    nchunks = cu_chunk_seqlens.shape[0] - 1
+    batch = cu_seqlens.shape[0] - 1
+    assert seq_idx.shape == (nchunks,)
+    assert last_chunk_indices.shape == (batch,)
+    if initial_states is not None:
+        assert initial_states.shape == (batch, nheads, headdim, dstate)
+    out_state_dtype = state_dtype if state_dtype is not None else C.dtype
+    if final_states_out is not None:
+        assert final_states_out.shape[1:] == (nheads, headdim, dstate)
+        assert final_state_indices is not None
+        assert final_state_indices.shape == (batch,)
+
+    device = x.device
+    if nchunks == 0:
+        if return_intermediate_states:
+            return torch.empty(
+                (0, nheads, headdim, dstate), device=device, dtype=out_state_dtype
+            )
+        return (
+            None
+            if final_states_out is not None
+            else torch.zeros(
+                (batch, nheads, headdim, dstate), device=device, dtype=out_state_dtype
+            )
+        )
+
+    cfg = _launch_config(chunk_size, headdim, dstate, x.dtype)
+    block_p = cfg["BLOCK_P"]
+    num_p_blocks = triton.cdiv(headdim, block_p)
+    nhb = nheads * num_p_blocks
+    n_items = nchunks * nhb
+
+    ws = torch.empty(
+        (nchunks, nheads, headdim, dstate), device=device, dtype=torch.float32
+    )
+    sync = torch.zeros(1 + n_items, device=device, dtype=torch.int32)
+
+    inter = None
+    if return_intermediate_states:
+        inter = torch.empty(
+            (nchunks, nheads, headdim, dstate), device=device, dtype=out_state_dtype
+        )
+    write_final = final_states_out is not None or not return_intermediate_states
+    if final_states_out is not None:
+        final = final_states_out
+    elif write_final:
+        final = torch.empty(
+            (batch, nheads, headdim, dstate), device=device, dtype=out_state_dtype
+        )
+    else:
+        final = None
+
+    def _s(t: torch.Tensor | None, n: int) -> tuple[int, ...]:
+        return tuple(t.stride()) if t is not None else (0,) * n
+
+    z_s = _s(z, 3)
+    init_s = _s(initial_states, 4)
+    inter_s = _s(inter, 4)
+    final_s = _s(final, 4)
+    _ssd_fused_varlen_kernel[(n_items,)](
+        x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
+        final, final_state_indices, cu_chunk_seqlens, seq_idx,
+        last_chunk_indices,
+        float(dt_limit[0]), float(dt_limit[1]),
+        nheads, headdim, dstate, nheads // ngroups,
+        x.stride(0), x.stride(1), x.stride(2),
+        dt.stride(0), dt.stride(1),
+        B.stride(0), B.stride(1), B.stride(2),
+        C.stride(0), C.stride(1), C.stride(2),
+        D.stride(0) if D is not None else 0,
+        z_s[0], z_s[1], z_s[2],
+        out.stride(0), out.stride(1), out.stride(2),
+        init_s[0], init_s[1], init_s[2], init_s[3],
+        inter_s[0], inter_s[1], inter_s[2], inter_s[3],
+        final_s[0], final_s[1], final_s[2], final_s[3],
+        final_state_indices.stride(0) if final_state_indices is not None else 0,
+        CHUNK_SIZE=chunk_size,
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_KB=cfg["BLOCK_KB"],
+        BLOCK_P=block_p,
+        BLOCK_N=max(16, triton.next_power_of_2(dstate)),
+        NUM_P_BLOCKS=num_p_blocks,
+        HAS_D=D is not None,
+        D_HAS_HDIM=D is not None and D.dim() == 2,
+        HAS_Z=z is not None,
+        HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=dt_softplus,
+        HAS_INITSTATES=initial_states is not None,
+        WRITE_INTER=return_intermediate_states,
+        WRITE_FINAL=write_final,
+        FINAL_HAS_INDICES=final_states_out is not None,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )  # fmt: skip
+
+    if return_intermediate_states:
+        return inter
+    if final_states_out is not None:
+        return None
+    return final
+
+
+# "auto" runs the fused kernel up to this many token x head pairs per call
+# and the chain above it.  Measured on one H200 (torch 2.11, triton 3.6;
+# bf16, headdim 64, dstate 128, chunk 256): the fused launch is 2.8-6.3x
+# faster at 1k tokens x 80-128 heads, where the chain's five launches
+# dominate, but 0.8-0.94x of the chain from 4k tokens x 128 heads up.
+FUSED_AUTO_MAX_TOKEN_HEADS = 1 << 17
+
+
+def mamba_chunk_scan_auto_varlen(
+    x: torch.Tensor, *args, **kwargs
+) -> torch.Tensor | None:
+    """Fused single launch for small prefills, the chain for large ones
+    (``MambaConfig.ssd_prefill = "auto"``); same contract as both."""
+    if x.shape[0] * x.shape[1] <= FUSED_AUTO_MAX_TOKEN_HEADS:
+        return mamba_chunk_scan_fused_varlen(x, *args, **kwargs)
+    return mamba_chunk_scan_combined_varlen(x, *args, **kwargs)
+
+
+SSD_PREFILL_IMPLS: dict[str, Callable[..., torch.Tensor | None]] = {
+    "chain": mamba_chunk_scan_combined_varlen,
+    "fused": mamba_chunk_scan_fused_varlen,
+    "auto": mamba_chunk_scan_auto_varlen,
+}
+
+
+def select_mamba_chunk_scan_varlen(
+    impl: str = "chain",
+) -> Callable[..., torch.Tensor | None]:
+    """Return the SSD prefill entry point for ``MambaConfig.ssd_prefill``:
+    ``"chain"`` (upstream five-kernel chain), ``"fused"`` (this module's
+    single launch, always) or ``"auto"`` (fused for small prefills, see
+    ``FUSED_AUTO_MAX_TOKEN_HEADS``)."""
+    try:
+        return SSD_PREFILL_IMPLS[impl]
+    except KeyError:
+        raise ValueError(
+            f"Unknown Mamba2 SSD prefill implementation {impl!r}; "
+            f"valid: {', '.join(SSD_PREFILL_IMPLS)}"
+        ) from None
