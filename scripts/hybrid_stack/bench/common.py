@@ -1,0 +1,278 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared helpers of the stack's GPU benchmarks: timing, device facts, results.
+
+Every benchmark writes ONE JSON schema (``make_result``)::
+
+    {"bench": str, "gpu": str, "torch": str, "triton": str, "vllm_base": str,
+     "command": str, "rows": [row, ...], ...extra top-level facts}
+
+    row = {"case": {...}, "metric": str,   # e.g. "tok_per_s", "pct_of_d2d"
+           "baseline": float,              # upstream kernel's value
+           "value": float,                 # the stack's kernel (== baseline if none)
+           "ratio": float,                 # value / baseline, higher is better
+           "baseline_ms": float, "value_ms": float, ...extra per-row facts}
+
+Committed runs live in ``results/<bench>-<gpu>.json`` with a markdown table beside
+it (``results/<bench>-<gpu>.md``). This module imports nothing from vLLM, so it is
+usable from the repository (``hybrid_stack.bench.common``) and from an unpacked
+GPU bundle (``bench/common.py``, imported as ``common``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA_KEYS = ("bench", "gpu", "torch", "triton", "vllm_base", "command", "rows")
+ROW_KEYS = ("case", "metric", "baseline", "value", "ratio", "baseline_ms", "value_ms")
+# Set by the bundle runner so a result names the command a person typed.
+COMMAND_ENV = "HYBRID_STACK_BENCH_COMMAND"
+L2_FLUSH_BYTES = 256 << 20
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200'; used in result file names."""
+    words = [w for w in name.lower().replace("_", " ").split() if w != "nvidia"]
+    slug = "-".join(words) or "gpu"
+    return "".join(c for c in slug if c.isalnum() or c in "-.")
+
+
+def versions() -> dict[str, str]:
+    """torch / triton / vLLM versions, and the GPU name (CUDA required)."""
+    import torch
+    import triton
+
+    try:
+        vllm_base = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        vllm_base = "unknown"
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": gpu_slug(props.name),
+        "gpu_name": props.name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "vllm_base": os.environ.get("HYBRID_STACK_VLLM_BASE", vllm_base),
+        "cuda": str(torch.version.cuda),
+        "sm_count": str(props.multi_processor_count),
+    }
+
+
+def command_line() -> str:
+    return os.environ.get(COMMAND_ENV) or shlex.join([sys.executable, *sys.argv])
+
+
+class Timer:
+    """Median CUDA-event time of one ``fn(i)`` call, measured back-to-back.
+
+    Each of ``reps`` samples flushes the L2 (a 256 MiB memset, outside the timed
+    window), then times ``inner`` back-to-back calls between two CUDA events and
+    divides by ``inner``; ``inner`` is chosen so a sample lasts at least
+    ``min_sample_ms``, so the host's launch latency is hidden the way it is in a
+    forward pass. ``fn`` receives a running call index so callers rotate among
+    input sets larger than the L2 together.
+    """
+
+    METHOD = (
+        "CUDA events; median of samples, each sample = back-to-back calls lasting "
+        ">= {ms} ms over rotating input sets, L2 flushed (256 MiB memset) before "
+        "each sample"
+    )
+
+    def __init__(self, min_sample_ms: float = 5.0, max_inner: int = 64) -> None:
+        import torch
+
+        self.torch = torch
+        self.min_sample_ms = min_sample_ms
+        self.max_inner = max_inner
+        self.flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    @property
+    def method(self) -> str:
+        return self.METHOD.format(ms=self.min_sample_ms)
+
+    def median_ms(self, fn: Callable[[int], Any], *, warmup: int = 3, reps: int = 20) -> float:
+        torch = self.torch
+        for i in range(warmup):
+            fn(i)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(warmup)
+        torch.cuda.synchronize()
+        est_ms = (time.perf_counter() - t0) * 1e3
+        inner = max(1, min(self.max_inner, math.ceil(self.min_sample_ms / max(est_ms, 1e-3))))
+        k = warmup + 1
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for r in range(reps):
+            self.flush.zero_()
+            starts[r].record()
+            for _ in range(inner):
+                fn(k)
+                k += 1
+            ends[r].record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
+
+
+def make_row(
+    case: dict[str, Any],
+    metric: str,
+    baseline: float,
+    value: float,
+    baseline_ms: float,
+    value_ms: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    ratio = value / baseline if baseline else math.nan
+    row: dict[str, Any] = {
+        "case": case,
+        "metric": metric,
+        "baseline": baseline,
+        "value": value,
+        "ratio": ratio,
+        "baseline_ms": baseline_ms,
+        "value_ms": value_ms,
+    }
+    row.update(extra)
+    return row
+
+
+def make_result(bench: str, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    v = versions()
+    result: dict[str, Any] = {
+        "bench": bench,
+        "gpu": v["gpu"],
+        "torch": v["torch"],
+        "triton": v["triton"],
+        "vllm_base": v["vllm_base"],
+        "command": command_line(),
+        "rows": rows,
+        "gpu_name": v["gpu_name"],
+        "cuda": v["cuda"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    result.update(extra)
+    return result
+
+
+def validate(result: dict[str, Any]) -> list[str]:
+    """Schema problems of a result (empty when it conforms)."""
+    problems = [f"missing top-level key '{k}'" for k in SCHEMA_KEYS if k not in result]
+    for i, row in enumerate(result.get("rows", [])):
+        problems += [f"row {i}: missing '{k}'" for k in ROW_KEYS if k not in row]
+        if not isinstance(row.get("case"), dict):
+            problems.append(f"row {i}: 'case' must be a dict")
+    return problems
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if abs(x) >= 1e6:
+            return f"{x / 1e6:.2f}M"
+        if abs(x) >= 100:
+            return f"{x:.0f}"
+        return f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+    return str(x)
+
+
+def table_lines(result: dict[str, Any], markdown: bool = False) -> list[str]:
+    rows = result["rows"]
+    case_keys: list[str] = []
+    for r in rows:
+        case_keys += [k for k in r["case"] if k not in case_keys]
+    extra_keys: list[str] = []
+    for r in rows:
+        extra_keys += [k for k in r if k not in ROW_KEYS and k not in extra_keys and k != "case"]
+    head = [*case_keys, "metric", "baseline", "value", "ratio", "baseline_ms"]
+    head += ["value_ms", *extra_keys]
+    body = [
+        [_fmt(r["case"].get(k, "")) for k in case_keys]
+        + [_fmt(r.get(k, "")) for k in head[len(case_keys) :]]
+        for r in rows
+    ]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return lines + ["| " + " | ".join(b) + " |" for b in body]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return [fmt.format(*head)] + [fmt.format(*b) for b in body]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"# {result['bench']} on {result.get('gpu_name', result['gpu'])}",
+        "",
+        f"- command: `{result['command']}`",
+        f"- vLLM base {result['vllm_base']}, torch {result['torch']}, "
+        f"triton {result['triton']}, CUDA {result.get('cuda', '?')}",
+        f"- created {result.get('created', '?')}",
+    ]
+    skip = {*SCHEMA_KEYS, "notes", "gpu_name", "cuda", "created"}
+    lines += [
+        f"- {k}: {_fmt(v)}"
+        for k, v in result.items()
+        if k not in skip and isinstance(v, (str, int, float)) and not isinstance(v, bool)
+    ]
+    lines += [f"- {k}: {v}" for k, v in result.get("notes", {}).items()]
+    lines += [
+        "",
+        "`baseline` is the upstream kernel, `value` the stack's (equal to the "
+        "baseline where the stack carries none); ratio = value / baseline, "
+        "higher is better; times are medians.",
+        "",
+        *table_lines(result, markdown=True),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="write <out>/<bench>-<gpu>.json and .md here")
+    parser.add_argument("--json", type=Path, help="write the JSON result here")
+    parser.add_argument("--md", type=Path, help="write the markdown table here")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer cases and repetitions (smoke run)"
+    )
+
+
+def finish(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Validate, print the table last, and write the requested files."""
+    problems = validate(result)
+    if problems:
+        raise SystemExit(f"{result['bench']}: result breaks the schema: {problems}")
+    stem = f"{result['bench']}-{result['gpu']}"
+    targets: list[tuple[Path, str]] = []
+    if args.out:
+        targets += [(args.out / f"{stem}.json", "json"), (args.out / f"{stem}.md", "md")]
+    if args.json:
+        targets.append((args.json, "json"))
+    if args.md:
+        targets.append((args.md, "md"))
+    for path, kind in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(result, indent=1) + "\n" if kind == "json" else markdown(result)
+        path.write_text(text)
+        print(f"wrote {path}")
+    print()
+    print(f"{result['bench']} on {result.get('gpu_name')} (vLLM {result['vllm_base']})")
+    for line in table_lines(result):
+        print(line)
+
+
+def seq_lens(total: int, seqs: int) -> Sequence[int]:
+    """Split ``total`` tokens into ``seqs`` near-equal sequence lengths."""
+    base, rem = divmod(total, seqs)
+    return [base + (1 if i < rem else 0) for i in range(seqs)]

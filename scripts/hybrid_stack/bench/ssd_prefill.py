@@ -1,0 +1,219 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmark: Mamba2 SSD prefill (chunked scan), upstream vs the stack's kernel.
+
+Baseline: ``mamba_chunk_scan_combined_varlen`` (vllm.model_executor.layers.mamba.
+ops.ssd_combined), called with the arguments ``MambaMixer2`` passes (bf16 x/dt/B/C,
+fp32 A/D/dt_bias, dt softplus, no z, fp32 final states written into a state cache).
+Value: the stack's fused ``mamba_chunk_scan_fused_varlen`` (module
+``vllm.model_executor.layers.mamba.ops.ssd_fused``, same signature) when it is
+importable, else the baseline itself. Both run in one process on the same fresh
+random inputs; the fused kernel's output and final states are compared with the
+baseline's (relative L2 error) before timing.
+
+Cases: total tokens as 1 and as 8 sequences, for granite-4.0-h-small dims
+(128 heads x 64, dstate 128, 1 group, chunk 256), Mamba2-2.7B (80 x 64, dstate
+128, 1 group, chunk 256) and Nemotron-H-8B (128 x 64, dstate 128, 8 groups,
+chunk 128). Metrics: tokens/s (the row metric) and an estimated TFLOP/s:
+per token 2*L*N*G (C.B^T) + 2*L*P*H (intra-chunk scan) + 4*N*P*H (chunk
+states and their contribution to the output), L = chunk size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+try:
+    from hybrid_stack.bench import common
+except ImportError:  # run as a script from an unpacked bundle
+    import common  # type: ignore[no-redef]
+
+BENCH = "ssd_prefill"
+DIMS: dict[str, dict[str, int]] = {
+    "granite-4.0-h-small": {"heads": 128, "headdim": 64, "dstate": 128, "groups": 1, "chunk": 256},
+    "mamba2-2.7b": {"heads": 80, "headdim": 64, "dstate": 128, "groups": 1, "chunk": 256},
+    "nemotron-h-8b": {"heads": 128, "headdim": 64, "dstate": 128, "groups": 8, "chunk": 128},
+}
+TOKENS = {
+    "granite-4.0-h-small": (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18),
+    "mamba2-2.7b": (1 << 10, 1 << 14, 1 << 18),
+    "nemotron-h-8b": (1 << 10, 1 << 14, 1 << 18),
+}
+SEQS = (1, 8)
+FUSED_MODULE = "vllm.model_executor.layers.mamba.ops.ssd_fused"
+FUSED_NAME = "mamba_chunk_scan_fused_varlen"
+
+
+def flops_per_token(d: dict[str, int]) -> int:
+    L, N, G, P, H = d["chunk"], d["dstate"], d["groups"], d["headdim"], d["heads"]
+    return 2 * L * N * G + 2 * L * P * H + 4 * N * P * H
+
+
+def load_fused() -> tuple[Any, str]:
+    import importlib
+
+    try:
+        mod = importlib.import_module(FUSED_MODULE)
+        return getattr(mod, FUSED_NAME), ""
+    except (ImportError, AttributeError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+class Inputs:
+    def __init__(self, d: dict[str, int], tokens: int, seqs: int, gen: Any) -> None:
+        import torch
+        from vllm.v1.attention.backends.mamba2_attn import compute_varlen_chunk_metadata
+
+        H, P, N, G = d["heads"], d["headdim"], d["dstate"], d["groups"]
+        dev, bf16 = "cuda", torch.bfloat16
+
+        def randn(*shape: int, dtype: Any = bf16) -> Any:
+            return torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32).to(dtype)
+
+        self.chunk = d["chunk"]
+        self.x = randn(tokens, H, P)
+        self.dt = randn(tokens, H) * 0.5
+        self.B = randn(tokens, G, N) / math.sqrt(N)
+        self.C = randn(tokens, G, N) / math.sqrt(N)
+        u = torch.rand(H, device=dev, generator=gen)
+        self.A = -torch.exp(u * math.log(16.0))
+        self.D = randn(H, dtype=torch.float32)
+        dt0 = torch.exp(
+            torch.rand(H, device=dev, generator=gen) * (math.log(0.1) - math.log(1e-3))
+            + math.log(1e-3)
+        )
+        self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))  # inverse softplus
+        lens = common.seq_lens(tokens, seqs)
+        qsl = torch.tensor([0, *lens], dtype=torch.int32).cumsum(0).to(torch.int32)
+        self.cu_seqlens = qsl.to(dev)
+        self.cu_chunk, self.last_chunk, self.seq_idx = compute_varlen_chunk_metadata(
+            self.cu_seqlens, self.chunk
+        )
+        self.out = torch.empty_like(self.x)
+        self.states = torch.empty(seqs, H, P, N, device=dev, dtype=torch.float32)
+        self.state_idx = torch.arange(seqs, device=dev, dtype=torch.int32)
+
+    def run(self, fn: Any) -> None:
+        import torch
+
+        fn(
+            self.x,
+            self.dt,
+            self.A,
+            self.B,
+            self.C,
+            self.chunk,
+            cu_seqlens=self.cu_seqlens,
+            cu_chunk_seqlens=self.cu_chunk,
+            last_chunk_indices=self.last_chunk,
+            seq_idx=self.seq_idx,
+            out=self.out,
+            D=self.D,
+            z=None,
+            dt_bias=self.dt_bias,
+            initial_states=None,
+            dt_softplus=True,
+            dt_limit=(0.0, float("inf")),
+            state_dtype=torch.float32,
+            final_states_out=self.states,
+            final_state_indices=self.state_idx,
+        )
+
+
+def rel_err(a: Any, b: Any) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_output_args(parser)
+    parser.add_argument("--dims", nargs="*", default=list(DIMS), choices=list(DIMS))
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args(argv)
+    import torch
+    from vllm.model_executor.layers.mamba.ops.ssd_combined import (
+        mamba_chunk_scan_combined_varlen as baseline_fn,
+    )
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{BENCH}: needs a CUDA device")
+    fused_fn, why_not = load_fused()
+    print(
+        f"stack kernel {FUSED_MODULE}.{FUSED_NAME}: "
+        f"{'importable' if fused_fn else 'not importable (' + why_not + ')'}"
+    )
+    reps = 5 if args.quick else args.reps
+    timer = common.Timer()
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    rows = []
+    for dims in args.dims:
+        d = DIMS[dims]
+        tokens_list = TOKENS[dims][:2] if args.quick else TOKENS[dims]
+        for tokens in tokens_list:
+            for seqs in SEQS:
+                # enough input sets that one rotation is >= 256 MiB (L2: 60 MB)
+                per_token = d["heads"] * (4 * d["headdim"] + 2) + 4 * d["groups"] * d["dstate"]
+                set_bytes = tokens * per_token
+                nsets = max(1, min(8, math.ceil((256 << 20) / set_bytes)))
+                sets = [Inputs(d, tokens, seqs, gen) for _ in range(nsets)]
+                extra: dict[str, Any] = {}
+                base_ms = timer.median_ms(
+                    lambda i, s=sets: s[i % len(s)].run(baseline_fn), reps=reps
+                )
+                val_ms = base_ms
+                if fused_fn is not None:
+                    s0 = sets[0]
+                    s0.run(baseline_fn)
+                    ref_out, ref_states = s0.out.clone(), s0.states.clone()
+                    s0.out.fill_(float("nan"))
+                    s0.states.fill_(float("nan"))
+                    s0.run(fused_fn)
+                    extra["out_rel_err"] = rel_err(s0.out, ref_out)
+                    extra["state_rel_err"] = rel_err(s0.states, ref_states)
+                    val_ms = timer.median_ms(
+                        lambda i, s=sets: s[i % len(s)].run(fused_fn), reps=reps
+                    )
+                base_tps = tokens / (base_ms * 1e-3)
+                val_tps = tokens / (val_ms * 1e-3)
+                fpt = flops_per_token(d)
+                rows.append(
+                    common.make_row(
+                        {"dims": dims, "tokens": tokens, "seqs": seqs},
+                        "tok_per_s",
+                        base_tps,
+                        val_tps,
+                        base_ms,
+                        val_ms,
+                        baseline_tflops=base_tps * fpt / 1e12,
+                        value_tflops=val_tps * fpt / 1e12,
+                        **extra,
+                    )
+                )
+                print(
+                    f"  {dims} {tokens:7d} tok x {seqs} seq: baseline "
+                    f"{base_tps / 1e6:6.2f}M tok/s, value {val_tps / 1e6:6.2f}M tok/s"
+                )
+                del sets
+                torch.cuda.empty_cache()
+    result = common.make_result(
+        BENCH,
+        rows,
+        timing=timer.method,
+        stack_kernel=f"{FUSED_MODULE}.{FUSED_NAME}" if fused_fn else None,
+        notes={
+            "value": "the stack's fused kernel"
+            if fused_fn
+            else f"stack kernel not importable ({why_not}): value == baseline",
+            "tflops": "estimated: 2LNG + 2LPH + 4NPH flop per token",
+            "inputs": "bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, no z, no "
+            "initial states, fp32 final states written to a cache",
+        },
+    )
+    common.finish(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,414 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run the hybrid-stack GPU bundle: kernel tests and benchmarks, offline.
+
+Unpack the bundle on a machine with a CUDA GPU, torch and triton, then:
+
+    python run.py --list                      # selections and benchmarks
+    python run.py quick                       # the few-minute kernel test selection
+    python run.py full --bench all --out res  # every bundled test, all benchmarks
+    python run.py <entry-name> tests/kernels/mamba/test_x.py::test_y -n 4
+
+The runner installs the bundled wheels into a private folder (no network, no
+root; ``--site``), puts that folder, the bundled ``src/`` (the patched vLLM
+sources, stubs for compiled extensions and a vllm dist-info) and the bundle root
+on the import path, runs pytest (with pytest-xdist workers sharing the one GPU
+when xdist is there) and the chosen benchmarks, writes JSON and logs to
+``--out``, and prints a summary table last. It uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MANIFEST = HERE / "manifest.json"
+EXIT_NO_CUDA = 3
+EXIT_USAGE = 2
+
+
+class RunError(Exception):
+    """A one-line user error."""
+
+
+def load_manifest() -> dict[str, Any]:
+    try:
+        return json.loads(MANIFEST.read_text())
+    except FileNotFoundError:
+        raise RunError(f"{MANIFEST} is missing: run.py must sit in an unpacked bundle") from None
+
+
+def resolve(manifest: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
+    """Selection names / bundled test paths -> [(label, pytest ids)]."""
+    sels = manifest["selections"]
+    out = []
+    for name in names:
+        if name in sels:
+            out.append((name, list(sels[name])))
+        elif (HERE / name.split("::")[0]).is_file():
+            out.append((name, [name]))
+        else:
+            raise RunError(
+                f"unknown selection '{name}': use one of {', '.join(sels)} or a test "
+                "path inside the bundle (python run.py --list)"
+            )
+    return out
+
+
+def check_python(manifest: dict[str, Any]) -> None:
+    want = manifest["python"]
+    have = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if have != want:
+        raise RunError(
+            f"this bundle's wheels are for Python {want}, this is Python {have}: "
+            f"run it with python{want}, or rebuild it with "
+            f"'hybrid-stack bundle --python-version {have}'"
+        )
+
+
+def cuda_facts() -> dict[str, Any]:
+    """torch / triton / GPU facts; raises RunError when no CUDA device is visible."""
+    try:
+        import torch
+    except ImportError as e:
+        raise RunError(f"no CUDA device usable: torch does not import ({e})") from None
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise RunError(
+            "no CUDA device is visible (torch "
+            f"{torch.__version__}, CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s}): this bundle only "
+            "runs GPU kernel tests and benchmarks; run it on a machine with a GPU"
+        )
+    facts: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+    }
+    try:
+        import triton
+
+        facts["triton"] = triton.__version__
+    except ImportError:
+        facts["triton"] = None
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        facts["driver"] = q.stdout.strip().splitlines()[0] if q.stdout.strip() else None
+    return facts
+
+
+def install_wheels(manifest: dict[str, Any], site: Path) -> list[str]:
+    """Unpack the bundled wheels into ``site`` (what pip --target does, offline)."""
+    site.mkdir(parents=True, exist_ok=True)
+    stamp = site / ".hybrid-stack-installed"
+    wheels = sorted(manifest["wheels"])
+    if stamp.is_file() and stamp.read_text().split() == wheels:
+        return wheels
+    for name in wheels:
+        whl = HERE / "wheels" / name
+        with zipfile.ZipFile(whl) as zf:
+            for info in zf.infolist():
+                parts = info.filename.split("/")
+                # <name>.data/{purelib,platlib}/... goes to the root; scripts,
+                # headers and data are not needed to import.
+                if parts[0].endswith(".data"):
+                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                        continue
+                    parts = parts[2:]
+                target = site.joinpath(*parts)
+                if info.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                mode = (info.external_attr >> 16) & 0o777
+                if mode:
+                    target.chmod(mode | 0o600)
+    stamp.write_text("\n".join(wheels) + "\n")
+    return wheels
+
+
+def child_env(site: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(site), str(HERE / "src"), str(HERE)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def probe_vllm(env: dict[str, str]) -> dict[str, Any]:
+    code = (
+        "import json, importlib.metadata as m, vllm, vllm.vllm_flash_attn as fa;"
+        "print(json.dumps({'vllm': m.version('vllm'), 'vllm_path': vllm.__file__,"
+        "'fa2': fa.flash_attn_interface.FA2_AVAILABLE}))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        raise RunError(f"the bundled vLLM does not import: {tail}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def tee(cmd: list[str], env: dict[str, str], log: Path, timeout: float | None) -> int:
+    """Run cmd, streaming its output to the console and to log; kill it after timeout s."""
+    with open(log, "w") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        p = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=HERE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        assert p.stdout is not None
+        watchdog = threading.Timer(timeout, p.kill) if timeout else None
+        if watchdog:
+            watchdog.start()
+        try:
+            for line in p.stdout:
+                sys.stdout.write(line)
+                f.write(line)
+            rc = p.wait()
+        finally:
+            if watchdog:
+                watchdog.cancel()
+        if timeout and rc < 0:
+            note = f"\n[run.py] stopped (signal {-rc}); --timeout is {timeout:.0f} s\n"
+            sys.stdout.write(note)
+            f.write(note)
+        return rc
+
+
+def parse_junit(path: Path) -> dict[str, Any]:
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failed: list[str] = []
+    skips: dict[str, int] = {}
+    if not path.is_file():
+        return {**counts, "failed_ids": failed, "skip_reasons": skips}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        cid = f"{case.get('classname', '')}::{case.get('name', '')}"
+        kinds = {child.tag: child for child in case}
+        if "failure" in kinds:
+            counts["failed"] += 1
+            failed.append(cid)
+        elif "error" in kinds:
+            counts["errors"] += 1
+            failed.append(cid)
+        elif "skipped" in kinds:
+            counts["skipped"] += 1
+            reason = (kinds["skipped"].get("message") or "").strip()[:120]
+            skips[reason] = skips.get(reason, 0) + 1
+        else:
+            counts["passed"] += 1
+    return {**counts, "failed_ids": failed, "skip_reasons": skips}
+
+
+def have_xdist(env: dict[str, str]) -> bool:
+    p = subprocess.run(
+        [sys.executable, "-c", "import xdist"], env=env, capture_output=True, check=False
+    )
+    return p.returncode == 0
+
+
+def run_tests(
+    label: str, ids: list[str], args: argparse.Namespace, env: dict[str, str]
+) -> dict[str, Any]:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:80]
+    junit = args.out / f"junit-{safe}.xml"
+    log = args.out / f"pytest-{safe}.log"
+    res: dict[str, Any] = {"selection": label, "tests": ids, "log": str(log)}
+    if not ids:
+        res.update(rc=None, note="no tests in this selection", seconds=0.0)
+        return res
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs"]
+    cmd.append("--continue-on-collection-errors")
+    cmd += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
+    workers = args.workers
+    if workers > 1 and have_xdist(env):
+        cmd += ["-n", str(workers)]
+    elif workers > 1:
+        res["note"] = "pytest-xdist not importable: ran in one process"
+    if args.k:
+        cmd += ["-k", args.k]
+    cmd += args.pytest_arg + ids
+    print(f"\n=== pytest: {label} ({len(ids)} id(s)) ===", flush=True)
+    start = time.monotonic()
+    rc = tee(cmd, env, log, args.timeout)
+    res["seconds"] = round(time.monotonic() - start, 1)
+    res["rc"] = rc
+    res.update(parse_junit(junit))
+    return res
+
+
+def run_bench(
+    name: str, args: argparse.Namespace, env: dict[str, str], command: str
+) -> dict[str, Any]:
+    script = HERE / "bench" / f"{name}.py"
+    log = args.out / f"bench-{name}.log"
+    cmd = [sys.executable, str(script), "--out", str(args.out)]
+    if args.bench_quick:
+        cmd.append("--quick")
+    benv = dict(env, HYBRID_STACK_BENCH_COMMAND=command)
+    print(f"\n=== benchmark: {name} ===", flush=True)
+    start = time.monotonic()
+    rc = tee(cmd, benv, log, args.timeout)
+    res: dict[str, Any] = {
+        "bench": name,
+        "rc": rc,
+        "seconds": round(time.monotonic() - start, 1),
+        "log": str(log),
+    }
+    found = sorted(args.out.glob(f"{name}-*.json"))
+    if found:
+        data = json.loads(found[-1].read_text())
+        res["json"] = str(found[-1])
+        res["rows"] = len(data.get("rows", []))
+        ratios = [r["ratio"] for r in data.get("rows", []) if r.get("ratio") == r.get("ratio")]
+        res["min_ratio"] = min(ratios) if ratios else None
+    return res
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    env = summary["env"]
+    print("\n" + "=" * 78)
+    print(
+        f"hybrid-stack bundle {summary['bundle']['name']} (vLLM "
+        f"{env.get('vllm')}) on {', '.join(env.get('gpus', []))}: torch "
+        f"{env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
+        f"driver {env.get('driver')}, Python {env.get('python')}"
+    )
+    if summary["tests"]:
+        head = ("selection", "passed", "failed", "errors", "skipped", "seconds", "rc")
+        rows = [
+            (
+                t["selection"][:40],
+                *(str(t.get(k, "-")) for k in ("passed", "failed", "errors", "skipped")),
+                str(t.get("seconds", "-")),
+                str(t.get("rc", "-")),
+            )
+            for t in summary["tests"]
+        ]
+        w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+        print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
+        for r in rows:
+            print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
+        for t in summary["tests"]:
+            for reason, n in t.get("skip_reasons", {}).items():
+                print(f"  skipped {n:4d} x [{t['selection']}] {reason}")
+            for fid in t.get("failed_ids", [])[:10]:
+                print(f"  FAILED [{t['selection']}] {fid}")
+            if t.get("note"):
+                print(f"  note [{t['selection']}]: {t['note']}")
+    for b in summary["benches"]:
+        print(
+            f"bench {b['bench']:<14} rc {b['rc']}  {b['seconds']:7.1f} s  rows "
+            f"{b.get('rows', '-')}  {b.get('json', 'no JSON written')}"
+        )
+    print(f"overall: {'OK' if summary['ok'] else 'FAILED'}; details in {summary['out']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run the hybrid-stack GPU bundle's kernel tests and benchmarks."
+    )
+    parser.add_argument(
+        "selections",
+        nargs="*",
+        help="selection names (quick, full, an entry name) or bundled test ids; "
+        "default: quick unless only --bench is given",
+    )
+    parser.add_argument("--bench", action="append", default=[], help="benchmark name or 'all'")
+    parser.add_argument("--bench-quick", action="store_true", help="benchmarks' smoke mode")
+    parser.add_argument("--out", type=Path, default=Path("bundle-results"))
+    parser.add_argument("-n", "--workers", type=int, default=8, help="pytest-xdist workers")
+    parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("--pytest-arg", action="append", default=[], help="extra pytest argument")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per step")
+    parser.add_argument("--site", type=Path, default=HERE / ".site", help="private install folder")
+    parser.add_argument("--list", action="store_true", help="list selections, benchmarks")
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "run.py", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        manifest = load_manifest()
+        if args.list:
+            for name, ids in manifest["selections"].items():
+                print(f"{name}: {len(ids)} test id(s)")
+                for i in ids:
+                    print(f"    {i}")
+            print("benchmarks: " + ", ".join(manifest["benches"]))
+            return 0
+        benches = manifest["benches"] if "all" in args.bench else args.bench
+        for b in benches:
+            if b not in manifest["benches"]:
+                raise RunError(
+                    f"unknown benchmark '{b}': use one of {', '.join(manifest['benches'])} or all"
+                )
+        names = args.selections or ([] if benches else ["quick"])
+        selected = resolve(manifest, names)
+        facts = cuda_facts()
+        check_python(manifest)
+        args.out = args.out.resolve()
+        args.out.mkdir(parents=True, exist_ok=True)
+        install_wheels(manifest, args.site.resolve())
+        env = child_env(args.site.resolve())
+        facts.update(probe_vllm(env))
+    except RunError as e:
+        print(f"run.py: error: {e}", file=sys.stderr)
+        return EXIT_NO_CUDA if "no CUDA device" in str(e) else EXIT_USAGE
+    print(f"environment: {json.dumps(facts)}", flush=True)
+    summary: dict[str, Any] = {
+        "bundle": {k: manifest[k] for k in ("name", "vllm_version", "created", "stack")},
+        "command": command,
+        "env": facts,
+        "out": str(args.out),
+        "tests": [],
+        "benches": [],
+    }
+    for label, ids in selected:
+        summary["tests"].append(run_tests(label, ids, args, env))
+    for b in benches:
+        summary["benches"].append(run_bench(b, args, env, command))
+    summary["ok"] = all(t.get("rc") in (0, None) for t in summary["tests"]) and all(
+        b["rc"] == 0 for b in summary["benches"]
+    )
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print_summary(summary)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

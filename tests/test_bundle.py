@@ -1,0 +1,401 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`hybrid-stack bundle`: the GPU kernel-test/benchmark bundle, checked on the CPU.
+
+Wheels come from a folder of tiny fake wheels (or a file:// index of them), so
+no test touches the network. Tests that pack the applied tree skip when
+work/vllm is absent (CI applies the stack first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from hybrid_stack import bundle
+from hybrid_stack.bench import common
+from hybrid_stack.cli import main
+from hybrid_stack.errors import StackError
+from hybrid_stack.stack import load_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+TREE = ROOT / "work" / "vllm"
+needs_tree = pytest.mark.skipif(
+    not (TREE / "vllm" / "__init__.py").is_file(),
+    reason="work/vllm is absent: run 'hybrid-stack apply' (CI applies it first)",
+)
+
+
+def fake_wheel(dest: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A minimal valid py3-none-any wheel named like the real one."""
+    mod = bundle.norm(name)
+    dist = f"{mod}-{version}.dist-info"
+    path = dest / f"{mod}-{version}-py3-none-any.whl"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{mod}/__init__.py", f"VERSION = {version!r}\n")
+        zf.writestr(f"{mod}-{version}.data/purelib/{mod}_extra.py", "X = 1\n")
+        zf.writestr(f"{mod}-{version}.data/scripts/{mod}-tool", "#!/bin/sh\n")
+        zf.writestr(f"{dist}/METADATA", meta)
+        zf.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n")
+        zf.writestr(f"{dist}/RECORD", "")
+    return path
+
+
+def make_wheels(dest: Path, skip: str = "", core_pin: str = "") -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, version in bundle.DEPS.items():
+        if name == skip:
+            continue
+        requires: tuple[str, ...] = ()
+        if name == "pydantic":
+            requires = (
+                f"pydantic-core=={core_pin or bundle.DEPS['pydantic-core']}",
+                "email-validator>=2.0.0; extra == 'email'",
+            )
+        fake_wheel(dest, name, version, requires)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_wheels(tmp_path_factory.mktemp("wheels"))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, wheel_dir: Path) -> Path:
+    """The bundle of the applied tree, unpacked; returns its top folder."""
+    if not (TREE / "vllm" / "__init__.py").is_file():
+        pytest.skip("work/vllm is absent: run 'hybrid-stack apply' (CI applies it first)")
+    out = tmp_path_factory.mktemp("bundle")
+    rc = main(["--root", str(ROOT), "bundle", "--wheel-dir", str(wheel_dir), "--out", str(out)])
+    assert rc == 0
+    tarball = out / f"{bundle.DEFAULT_NAME}.tar.gz"
+    with tarfile.open(tarball) as tf:
+        tf.extractall(out / "x", filter="data")
+    return out / "x" / bundle.DEFAULT_NAME
+
+
+def runtime_python() -> str | None:
+    """An interpreter with torch and vLLM's pure-Python deps (the lean build venv)."""
+    cands = [os.environ.get("HYBRID_STACK_TEST_PYTHON", ""), str(ROOT / "work/venv/bin/python")]
+    cands.append(sys.executable)
+    for py in filter(None, cands):
+        if not Path(py).exists():
+            continue
+        probe = subprocess.run(
+            [py, "-c", "import torch, pydantic, msgspec, zmq"], capture_output=True, check=False
+        )
+        if probe.returncode == 0:
+            return py
+    return None
+
+
+def load_runner(top: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bundle_run", top / "run.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- contents -----------------------------------------------------------------
+
+
+@needs_tree
+def test_bundle_holds_sources_tests_benches_wheels(built: Path, wheel_dir: Path):
+    files = {p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()}
+    tree_py = {
+        f"src/{p.relative_to(TREE).as_posix()}"
+        for p in (TREE / "vllm").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert tree_py - files == set()
+    assert not [f for f in files if f.endswith((".so", ".pyc")) or "__pycache__" in f]
+    version = load_stack(ROOT).pin.version
+    assert f"src/vllm-{version}.dist-info/METADATA" in files
+    assert {f"wheels/{w.name}" for w in wheel_dir.glob("*.whl")} <= files
+    assert {f"bench/{b}.py" for b in bundle.BENCHES} | {"bench/common.py"} <= files
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert manifest["vllm_version"] == version
+    assert set(manifest["benches"]) == set(bundle.BENCHES)
+    # every selected test file (upstream and series gpu_tests) is in the bundle
+    for name, ids in manifest["selections"].items():
+        for tid in ids:
+            assert tid.split("::")[0] in files, (name, tid)
+    assert manifest["selections"]["quick"], "quick must select something"
+    tree_tests = {p.relative_to(TREE).as_posix() for p in (TREE / "tests/kernels/mamba").rglob("*")}
+    assert {t for t in tree_tests if t.endswith(".py")} <= files
+    # helpers the tests import are carried (tests.kernels.utils, tests.utils, ...)
+    assert "tests/kernels/mamba/utils.py" in files
+    # upstream's engine-wide conftest is replaced by the bundle's small one
+    assert "hybrid-stack" in (built / "tests/conftest.py").read_text()
+
+
+@needs_tree
+def test_listing_names_every_file(built: Path):
+    listing = built.parent.parent / f"{bundle.DEFAULT_NAME}.listing.txt"
+    listed = {
+        line.split()[-1] for line in listing.read_text().splitlines() if not line.startswith("#")
+    }
+    files = {p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()}
+    assert listed == files
+
+
+@needs_tree
+def test_flash_attn_shim_only_in_the_bundle(built: Path):
+    rel = "vllm/vllm_flash_attn/__init__.py"
+    assert "raise ImportError(" in (TREE / rel).read_text()
+    shimmed = (built / "src" / rel).read_text()
+    assert "raise ImportError(" not in shimmed
+    assert "HYBRID_STACK_STUB" in shimmed
+
+
+@needs_tree
+def test_size_limit_is_enforced(tmp_path: Path, wheel_dir: Path, capsys: pytest.CaptureFixture):
+    out = tmp_path / "out"
+    argv = ["--root", str(ROOT), "bundle", "--wheel-dir", str(wheel_dir), "--out", str(out)]
+    rc = main([*argv, "--max-size-mib", "0.5"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "over the 0.5 MiB limit" in err
+    assert not (out / f"{bundle.DEFAULT_NAME}.tar.gz").exists()
+
+
+# --- wheels ---------------------------------------------------------------------
+
+
+def test_missing_wheel_is_a_clear_error(tmp_path: Path):
+    folder = make_wheels(tmp_path / "w", skip="msgspec")
+    with pytest.raises(StackError, match=r"msgspec==" + bundle.DEPS["msgspec"]):
+        bundle.collect_wheels("3.12", bundle.DEFAULT_PLATFORM, folder)
+
+
+def test_exact_pins_between_wheels_are_checked(tmp_path: Path):
+    folder = make_wheels(tmp_path / "w", core_pin="0.0.1")
+    with pytest.raises(StackError, match="pydantic-core==0.0.1"):
+        bundle.collect_wheels("3.12", bundle.DEFAULT_PLATFORM, folder)
+
+
+def test_wheels_for_another_python_are_not_picked(tmp_path: Path):
+    folder = make_wheels(tmp_path / "w")
+    name = "msgspec"
+    (folder / f"msgspec-{bundle.DEPS[name]}-py3-none-any.whl").rename(
+        folder / f"msgspec-{bundle.DEPS[name]}-cp311-cp311-manylinux_2_17_x86_64.whl"
+    )
+    with pytest.raises(StackError, match="msgspec"):
+        bundle.collect_wheels("3.12", bundle.DEFAULT_PLATFORM, folder)
+    picked = bundle.collect_wheels("3.11", bundle.DEFAULT_PLATFORM, folder)
+    assert any(w.path.name.startswith("msgspec-") for w in picked)
+
+
+def test_pip_download_fills_the_cache_then_works_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    dist = make_wheels(tmp_path / "dist")
+    index = tmp_path / "index"
+    for whl in dist.glob("*.whl"):
+        project = bundle.norm(whl.name.split("-")[0]).replace("_", "-")
+        page = index / project
+        page.mkdir(parents=True)
+        (page / "index.html").write_text(f'<a href="{whl.as_uri()}">{whl.name}</a>')
+    monkeypatch.setenv("HYBRID_STACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    first = bundle.collect_wheels("3.12", bundle.DEFAULT_PLATFORM, None)
+    assert {w.name for w in first} == {bundle.norm(n) for n in bundle.DEPS}
+    assert all(str(tmp_path / "cache") in str(w.path) for w in first)
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "gone").as_uri())
+    again = bundle.collect_wheels("3.12", bundle.DEFAULT_PLATFORM, None)
+    assert [w.path for w in again] == [w.path for w in first]
+
+
+def test_platform_tags_cover_older_manylinux():
+    tags = bundle.platform_tags("manylinux_2_28_x86_64")
+    assert "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
+    assert "manylinux_2_31_x86_64" not in tags
+    assert bundle.platform_tags("win_amd64") == ["win_amd64"]
+
+
+# --- the runner -----------------------------------------------------------------
+
+
+@needs_tree
+def test_runner_refuses_without_cuda(built: Path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run(
+        [sys.executable, "run.py", "quick", "--out", "r"],
+        cwd=built,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert p.returncode == 3, p.stderr
+    assert "no CUDA device" in p.stderr
+    assert not (built / "r").exists()
+
+
+@needs_tree
+def test_runner_lists_and_rejects_unknown_selections(built: Path):
+    p = subprocess.run(
+        [sys.executable, "run.py", "--list"], cwd=built, capture_output=True, text=True
+    )
+    assert p.returncode == 0
+    manifest = json.loads((built / "manifest.json").read_text())
+    for name in manifest["selections"]:
+        assert f"{name}:" in p.stdout
+    bad = subprocess.run(
+        [sys.executable, "run.py", "no-such-selection"], cwd=built, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "unknown selection" in bad.stderr
+
+
+@needs_tree
+def test_runner_installs_wheels_privately(built: Path, tmp_path: Path):
+    run = load_runner(built)
+    manifest = run.load_manifest()
+    site = tmp_path / "site"
+    names = run.install_wheels(manifest, site)
+    assert sorted(names) == sorted(manifest["wheels"])
+    for name in bundle.DEPS:
+        mod = bundle.norm(name)
+        assert (site / mod / "__init__.py").is_file()
+        assert (site / f"{mod}_extra.py").is_file()  # .data/purelib lands in the root
+        assert list(site.glob(f"{mod}-*.dist-info/METADATA"))
+    assert not list(site.rglob("*-tool"))  # scripts are not installed
+    (site / "pydantic" / "__init__.py").unlink()
+    run.install_wheels(manifest, site)  # stamped: a no-op
+    assert not (site / "pydantic" / "__init__.py").exists()
+
+
+def test_runner_parses_junit_skips_as_skips(tmp_path: Path):
+    spec = importlib.util.spec_from_file_location("r", bundle.DATA_DIR / "run.py")
+    assert spec and spec.loader
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    xml = tmp_path / "j.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="a" name="ok"/>'
+        '<testcase classname="a" name="gpu"><skipped message="needs CUDA"/></testcase>'
+        '<testcase classname="a" name="bad"><failure message="x"/></testcase>'
+        '<testcase classname="a" name="err"><error message="y"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    res = run.parse_junit(xml)
+    assert (res["passed"], res["skipped"], res["failed"], res["errors"]) == (1, 1, 1, 1)
+    assert res["skip_reasons"] == {"needs CUDA": 1}
+    assert res["failed_ids"] == ["a::bad", "a::err"]
+
+
+# --- stubs ------------------------------------------------------------------------
+
+PROBE = """
+import importlib.metadata as m, json, torch
+out = {"version": m.version("vllm")}
+import vllm.vllm_flash_attn as fa
+out["fa2"] = fa.flash_attn_interface.FA2_AVAILABLE
+import vllm._C_stable_libtorch as c
+out["stub"] = c.HYBRID_STACK_STUB
+out["fp8"] = torch.ops._C.cutlass_scaled_mm_supports_fp8(90)
+from vllm import _custom_ops as ops
+x = torch.randn(2, 8)
+for name, call in (
+    ("rms_norm", lambda: ops.rms_norm(torch.empty_like(x), x, torch.ones(8), 1e-6)),
+    ("fa", lambda: fa.flash_attn_varlen_func(
+        x.view(2, 1, 8), x.view(2, 1, 8), x.view(2, 1, 8), 2,
+        torch.tensor([0, 2], dtype=torch.int32), 2,
+        cu_seqlens_k=torch.tensor([0, 2], dtype=torch.int32))),
+):
+    try:
+        call()
+        out[name] = "returned"
+    except Exception as e:
+        out[name] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+@needs_tree
+def test_stubs_import_and_compiled_calls_raise(built: Path, tmp_path: Path):
+    py = runtime_python()
+    if py is None:
+        pytest.skip("no interpreter with torch + vLLM's deps (build the lean venv)")
+    env = dict(os.environ, PYTHONPATH=str(built / "src"), CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run(
+        [py, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["version"] == load_stack(ROOT).pin.version
+    assert out["fa2"] is False and out["stub"] is True and out["fp8"] is False
+    assert out["rms_norm"] != "returned"
+    assert out["fa"] != "returned"
+    # without the bundle's shim the same import fails: the shim is what makes it work
+    env["PYTHONPATH"] = str(TREE)
+    raw = subprocess.run(
+        [py, "-c", "import vllm.vllm_flash_attn"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert raw.returncode != 0 and "ImportError" in raw.stderr
+
+
+# --- benchmark results ------------------------------------------------------------
+
+
+def fake_result() -> dict:
+    rows = [
+        common.make_row({"tokens": 1024, "seqs": 1}, "tok_per_s", 2.0e6, 3.0e6, 0.5, 0.33),
+        common.make_row({"tokens": 4096, "seqs": 8}, "tok_per_s", 4.0e6, 4.0e6, 1.0, 1.0),
+    ]
+    return {
+        "bench": "demo",
+        "gpu": common.gpu_slug("NVIDIA H200"),
+        "torch": "t",
+        "triton": "tr",
+        "vllm_base": "0.33.0",
+        "command": "python run.py --bench demo",
+        "rows": rows,
+    }
+
+
+def test_result_rows_and_files(tmp_path: Path, capsys: pytest.CaptureFixture):
+    result = fake_result()
+    assert result["gpu"] == "h200"
+    assert [r["ratio"] for r in result["rows"]] == [1.5, 1.0]
+    assert common.validate(result) == []
+    broken = dict(result, rows=[{"case": {}, "metric": "x"}])
+    assert common.validate(broken)
+    args = type("A", (), {"out": tmp_path, "json": None, "md": None})()
+    common.finish(result, args)
+    saved = json.loads((tmp_path / "demo-h200.json").read_text())
+    assert saved["rows"] == result["rows"]
+    md = (tmp_path / "demo-h200.md").read_text()
+    assert result["command"] in md and md.count("\n| ") == 3
+    assert "tokens" in capsys.readouterr().out.splitlines()[-3]
+
+
+def test_committed_results_follow_the_schema():
+    results = sorted((ROOT / "results").glob("*.json"))
+    for path in results:
+        data = json.loads(path.read_text())
+        assert common.validate(data) == [], path.name
+        assert path.stem == f"{data['bench']}-{data['gpu']}"
+        md = path.with_suffix(".md")
+        assert md.is_file(), f"{md.name} missing beside {path.name}"
+        assert data["command"] in md.read_text()
