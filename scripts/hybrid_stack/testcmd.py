@@ -1,0 +1,571 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`hybrid-stack test`: run pytest on the patched tree inside the build's venv.
+
+``hybrid-stack test [PYTEST ARGS...]`` runs one pytest with those arguments.
+With no arguments it runs the stack's CPU suite: the upstream files listed in
+``ci/cpu-suite.toml`` plus every ``cpu_tests`` item of the series' carried
+entries, one pytest process per suite (tests leak environment variables such
+as ``VLLM_SSM_CONV_STATE_LAYOUT`` across files), and prints a summary table.
+Any failure, error, or a suite that collects nothing (pytest exit 5) or passes
+nothing makes the exit status non-zero.
+
+Every run is offline: the project's Hugging Face fixture cache (see
+``hfcache``) with ``HF_HUB_OFFLINE=1``. Tests that cannot run on CPU even so
+are deselected through the ONE list ``[[deselect]]`` in ``ci/cpu-suite.toml``,
+each with its reason, and the summary prints that list. Tests that skip
+themselves (GPU-only) are reported as skipped, never as passed.
+
+Interpreter suites (``interpret = true``; entries' items under
+``tests/kernels/`` or prefixed ``interpret:``) run Triton kernels on CPU with
+``TRITON_INTERPRET=1``, ``CUDA_VISIBLE_DEVICES=""``,
+``VLLM_TRITON_FORCE_FIRST_CONFIG=1`` and the shipped plugin
+``hybridstack_triton_interp``, which makes vLLM treat the CPU as CUDA-alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybrid_stack import hfcache
+from hybrid_stack.errors import StackError
+from hybrid_stack.stack import Stack, load_stack
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PLUGIN_DIR = Path(__file__).parent / "data" / "pytest_plugins"
+PLUGIN = "hybridstack_triton_interp"
+DEFAULT_CONFIG = Path("ci") / "cpu-suite.toml"
+INTERPRET_PREFIX = "interpret:"
+INTERPRET_DIRS = ("tests/kernels/",)
+COUNT_KEYS = ("passed", "failed", "errors", "skipped", "deselected", "xfailed", "xpassed")
+SUITE_KEYS = {"name", "path", "args", "interpret", "timeout", "why"}
+DESELECT_KEYS = {"test", "reason"}
+TOP_KEYS = {"defaults", "suite", "deselect"}
+
+
+# --------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Deselect:
+    test: str
+    reason: str
+
+    @property
+    def file(self) -> str:
+        return self.test.split("::", 1)[0]
+
+
+@dataclass
+class Suite:
+    name: str
+    targets: list[str]
+    args: list[str] = field(default_factory=list)
+    interpret: bool = False
+    timeout: int = 600
+    origin: str = "upstream"
+
+    @property
+    def files(self) -> set[str]:
+        return {t.split("::", 1)[0] for t in self.targets}
+
+
+@dataclass
+class Config:
+    suites: list[Suite]
+    deselects: list[Deselect]
+    timeout: int = 600
+
+
+def _where(path: Path, what: str) -> str:
+    return f"{path.name}: {what}"
+
+
+def load_config(path: Path) -> Config:
+    """Parse ci/cpu-suite.toml (suites, defaults, the deselect list)."""
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise StackError(
+            f"{path} is missing: restore it from git (it lists the CPU suite)"
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise StackError(f"{path} is not valid TOML: {e}") from None
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise StackError(_where(path, f"unknown top-level key(s) {sorted(unknown)}"))
+    defaults = data.get("defaults", {})
+    timeout = int(defaults.get("timeout", 600))
+    suites: list[Suite] = []
+    for i, raw in enumerate(data.get("suite", [])):
+        where = _where(path, f"suite #{i + 1}")
+        if not isinstance(raw, dict) or "path" not in raw:
+            raise StackError(
+                f"{where} needs a 'path' (a test file of the tree, or a list of "
+                "pytest ids of one file)"
+            )
+        bad = set(raw) - SUITE_KEYS
+        if bad:
+            raise StackError(f"{where} has unknown key(s) {sorted(bad)}")
+        args = raw.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise StackError(f"{where}: args must be a list of strings")
+        targets = raw["path"] if isinstance(raw["path"], list) else [raw["path"]]
+        if not targets or not all(isinstance(t, str) and t for t in targets):
+            raise StackError(f"{where}: path must be a string or a list of strings")
+        suites.append(
+            Suite(
+                name=str(raw.get("name") or Path(targets[0].split("::")[0]).stem),
+                targets=list(targets),
+                args=list(args),
+                interpret=bool(raw.get("interpret", False)),
+                timeout=int(raw.get("timeout", timeout)),
+            )
+        )
+    deselects: list[Deselect] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(data.get("deselect", [])):
+        where = _where(path, f"deselect #{i + 1}")
+        if not isinstance(raw, dict) or set(raw) != DESELECT_KEYS:
+            raise StackError(f"{where} must have exactly the keys test and reason")
+        test, reason = str(raw["test"]).strip(), str(raw["reason"]).strip()
+        if "::" not in test or not reason:
+            raise StackError(f"{where}: test must be a pytest id 'file::name' and reason non-empty")
+        if test in seen:
+            raise StackError(f"{where}: {test} is listed twice")
+        seen.add(test)
+        deselects.append(Deselect(test, reason))
+    names = [s.name for s in suites]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise StackError(_where(path, f"suite name(s) used twice: {sorted(dup)}"))
+    return Config(suites, deselects, timeout)
+
+
+def entry_suites(stack: Stack, timeout: int) -> list[Suite]:
+    """One suite per test file named by the carried entries' cpu_tests.
+
+    An item is a pytest id or path relative to the tree, optionally followed by
+    pytest arguments (``tests/x.py -k small``); items under tests/kernels/ or
+    prefixed ``interpret:`` run under the Triton interpreter. Plain items of the
+    same entry and file share one process.
+    """
+    suites: list[Suite] = []
+    for e in stack.carried:
+        grouped: dict[tuple[str, bool], Suite] = {}
+        for item in e.cpu_tests:
+            text = item.strip()
+            interpret = text.startswith(INTERPRET_PREFIX)
+            if interpret:
+                text = text[len(INTERPRET_PREFIX) :].strip()
+            try:
+                target, *args = shlex.split(text)
+            except ValueError as err:
+                raise StackError(
+                    f"entry '{e.name}': cpu_tests item {item!r} does not parse "
+                    f"({err}); fix it in patches/series.toml"
+                ) from None
+            interpret = interpret or target.startswith(INTERPRET_DIRS)
+            file = target.split("::", 1)[0]
+            stem = Path(file).stem
+            if args:
+                suites.append(
+                    Suite(
+                        f"{e.name}:{stem}#{len(suites) + 1}",
+                        [target],
+                        args,
+                        interpret,
+                        timeout,
+                        origin=f"entry {e.name}",
+                    )
+                )
+                continue
+            key = (file, interpret)
+            if key in grouped:
+                if target not in grouped[key].targets:
+                    grouped[key].targets.append(target)
+            else:
+                grouped[key] = Suite(
+                    f"{e.name}:{stem}" + ("[interp]" if interpret else ""),
+                    [target],
+                    [],
+                    interpret,
+                    timeout,
+                    origin=f"entry {e.name}",
+                )
+                suites.append(grouped[key])
+    return suites
+
+
+def plan(stack: Stack, config: Config) -> list[Suite]:
+    return [*config.suites, *entry_suites(stack, config.timeout)]
+
+
+# -------------------------------------------------------------- the environment
+
+
+def test_env(base: dict[str, str], hf_home: Path, *, interpret: bool) -> dict[str, str]:
+    """The environment of one pytest process.
+
+    Inherited VLLM_* and TRITON_* variables are dropped: a developer's shell
+    must not change results, and tests leak such variables between files.
+    """
+    env = {
+        k: v
+        for k, v in base.items()
+        if not k.startswith(("VLLM_", "TRITON_")) and k != "PYTHONPATH"
+    }
+    env.update(hfcache.offline_env(hf_home))
+    # vLLM's own cache (model-class inspection results, keyed by module hash)
+    # beside the HF fixtures, not the user's ~/.cache/vllm: a stale entry
+    # there could hide an import failure.
+    env["VLLM_CACHE_ROOT"] = str(hf_home.parent / "vllm-cache")
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["VLLM_TRITON_FORCE_FIRST_CONFIG"] = "1"
+        env["PYTHONPATH"] = str(PLUGIN_DIR)
+    return env
+
+
+def pytest_argv(
+    py: Path,
+    suite: Suite,
+    deselects: list[Deselect],
+    *,
+    all_deselects: bool = False,
+) -> list[str]:
+    """pytest's command line; deselects apply to the suite's files (or all)."""
+    argv = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "-rfE"]
+    if suite.interpret:
+        argv += ["-p", PLUGIN]
+    argv += [f"--timeout={suite.timeout}"]
+    for d in deselects:
+        if all_deselects or d.file in suite.files:
+            argv += ["--deselect", d.test]
+    return [*argv, *suite.args, *suite.targets]
+
+
+# ---------------------------------------------------------------- the results
+
+
+_COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)\b")
+_FINAL_RE = re.compile(r"\bin \d+(?:\.\d+)?s\b")
+_FAILURE_RE = re.compile(r"^(FAILED|ERROR) \S+\.py\b")
+
+
+def parse_summary(output: str) -> dict[str, int]:
+    """Counts from pytest's final line ('== 3 passed, 1 skipped in 2.1s ==')."""
+    counts = dict.fromkeys(COUNT_KEYS, 0)
+    for line in reversed(output.splitlines()):
+        if not _FINAL_RE.search(line):
+            continue
+        if "no tests ran" in line or _COUNT_RE.search(line):
+            for n, key in _COUNT_RE.findall(line):
+                key = "errors" if key.startswith("error") else key
+                counts[key] += int(n)
+            break
+    return counts
+
+
+@dataclass
+class Result:
+    suite: Suite
+    rc: int
+    counts: dict[str, int]
+    seconds: float
+    log: Path | None = None
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def problem(self) -> str:
+        """Why this suite fails the run ('' if it does not)."""
+        c = self.counts
+        if self.rc == 5:
+            return "no tests collected (pytest exit 5)"
+        if c["failed"] or c["errors"]:
+            return f"{c['failed']} failed, {c['errors']} errors"
+        if self.rc != 0:
+            return f"pytest exit {self.rc}"
+        if c["passed"] == 0:
+            return "nothing passed (all skipped/deselected)"
+        return ""
+
+
+def run_suite(
+    suite: Suite,
+    py: Path,
+    tree: Path,
+    env: dict[str, str],
+    deselects: list[Deselect],
+    log_dir: Path,
+    *,
+    verbose: bool = False,
+) -> Result:
+    argv = pytest_argv(py, suite, deselects)
+    log = log_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", suite.name) + ".log")
+    t0 = time.monotonic()
+    lines: list[str] = []
+    with log.open("w") as logf:
+        logf.write(f"$ cd {tree} && {shlex.join(argv)}\n")
+        logf.flush()
+        proc = subprocess.Popen(
+            argv,
+            cwd=tree,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logf.write(line)
+            lines.append(line)
+            if verbose:
+                print("    " + line.rstrip(), flush=True)
+        rc = proc.wait()
+    output = "".join(lines)
+    failures = [ln.strip() for ln in lines if _FAILURE_RE.match(ln)]
+    return Result(suite, rc, parse_summary(output), time.monotonic() - t0, log, failures)
+
+
+def format_table(results: list[Result]) -> str:
+    head = ("suite", "mode", "passed", "failed", "skipped", "desel.", "time", "status")
+    rows = [head]
+    for r in results:
+        c = r.counts
+        rows.append(
+            (
+                r.suite.name,
+                "interp" if r.suite.interpret else "cpu",
+                str(c["passed"] + c["xpassed"]),
+                str(c["failed"] + c["errors"]),
+                str(c["skipped"] + c["xfailed"]),
+                str(c["deselected"]),
+                f"{r.seconds:.0f}s",
+                "FAIL: " + r.problem if r.problem else "ok",
+            )
+        )
+    tot = {k: sum(r.counts[k] for r in results) for k in COUNT_KEYS}
+    rows.append(
+        (
+            "total",
+            "",
+            str(tot["passed"] + tot["xpassed"]),
+            str(tot["failed"] + tot["errors"]),
+            str(tot["skipped"] + tot["xfailed"]),
+            str(tot["deselected"]),
+            f"{sum(r.seconds for r in results):.0f}s",
+            "FAIL" if any(r.problem for r in results) else "ok",
+        )
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    right = {2, 3, 4, 5, 6}
+
+    def fmt(row: tuple[str, ...]) -> str:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ]
+        return "  ".join(cells).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(rows[0]), rule, *map(fmt, rows[1:-1]), rule, fmt(rows[-1])])
+
+
+def format_deselects(deselects: list[Deselect], suites: list[Suite]) -> str:
+    files = set().union(*(s.files for s in suites)) if suites else set()
+    used = [d for d in deselects if d.file in files]
+    if not used:
+        return "deselected (ci/cpu-suite.toml): none"
+    lines = [f"deselected (ci/cpu-suite.toml, {len(used)} entries):"]
+    lines += [f"  {d.test}\n      {d.reason}" for d in used]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ verb
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "test",
+        help="run the CPU suite (or pytest with your arguments) on the patched tree",
+        description=(
+            "Without PYTEST ARGS: run the stack's CPU suite (ci/cpu-suite.toml plus "
+            "the carried entries' cpu_tests), one pytest per suite, and print a "
+            "summary. With them: run one pytest in the tree with those arguments. "
+            "Put '--' before pytest options: hybrid-stack test -- -k foo tests/x.py"
+        ),
+    )
+    p.add_argument("--venv", type=Path, default=None, help="default: work/venv")
+    p.add_argument("--tree", type=Path, default=None, help="default: work/vllm")
+    p.add_argument("--config", type=Path, default=None, help="default: ci/cpu-suite.toml")
+    p.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this suite of the plan (repeatable; see --list)",
+    )
+    p.add_argument("--list", action="store_true", help="print the plan and exit")
+    p.add_argument(
+        "--interpret",
+        action="store_true",
+        help="with PYTEST ARGS: run under the Triton interpreter (kernel tests)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="stream pytest's output")
+    p.add_argument(
+        "pytest_args",
+        nargs=argparse.REMAINDER,
+        metavar="PYTEST ARGS",
+        help="arguments for one pytest run in the tree",
+    )
+    p.set_defaults(func=run)
+
+
+def _paths(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    venv = (args.venv or stack.root / "work" / "venv").absolute()
+    tree = (args.tree or stack.default_work).absolute()
+    config = (args.config or stack.root / DEFAULT_CONFIG).absolute()
+    return venv, tree, config
+
+
+def _check_venv(stack: Stack, venv: Path, tree: Path) -> Path:
+    py = venv / "bin" / "python"
+    if not py.exists():
+        raise StackError(f"no venv at {venv}: run 'hybrid-stack build' first")
+    if not (tree / "tests" / "conftest.py").is_file():
+        raise StackError(f"{tree} has no tests/conftest.py: run 'hybrid-stack apply' (or --tree)")
+    from hybrid_stack import build
+
+    built = build.read_stamp(venv).get("editable", {})
+    if built.get("tree") != str(tree):
+        raise StackError(
+            f"the venv {venv} has no editable install of {tree}: run "
+            f"'hybrid-stack build --venv {venv} --tree {tree}'"
+        )
+    if built.get("version") != build.tree_version(stack, tree):
+        print(
+            f"note: the venv was built at {built.get('version')}; the tree has moved on "
+            "(sources are live, only the version string is stale: 'hybrid-stack build' "
+            "refreshes it)"
+        )
+    return py
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = load_stack(args.root)
+    venv, tree, config_path = _paths(stack, args)
+    config = load_config(config_path)
+    pytest_args = list(args.pytest_args)
+    if pytest_args[:1] == ["--"]:
+        pytest_args = pytest_args[1:]
+    suites = plan(stack, config)
+
+    if args.list:
+        for s in suites:
+            mode = "interp" if s.interpret else "cpu"
+            extra = f"  {shlex.join(s.args)}" if s.args else ""
+            print(f"{s.name:40} {mode:6} {s.origin:24} {' '.join(s.targets)}{extra}")
+        print(format_deselects(config.deselects, suites))
+        return 0
+
+    py = _check_venv(stack, venv, tree)
+    hf_home = stack.root / "work" / "hf-home"
+    hfcache.materialize(hf_home)
+    log_dir = stack.root / "work" / "test-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    if pytest_args:
+        if args.suite:
+            raise StackError("--suite selects from the plan: drop it or the pytest args")
+        one = Suite("pytest", [], pytest_args, args.interpret, config.timeout)
+        argv = pytest_argv(py, one, config.deselects, all_deselects=True)
+        env = test_env(dict(os.environ), hf_home, interpret=args.interpret)
+        print(f"$ cd {tree} && {shlex.join(argv)}", flush=True)
+        return subprocess.run(argv, cwd=tree, env=env).returncode
+
+    if args.suite:
+        known = {s.name for s in suites}
+        missing = sorted(set(args.suite) - known)
+        if missing:
+            raise StackError(
+                f"no suite named {', '.join(missing)} (see 'hybrid-stack test --list')"
+            )
+        suites = [s for s in suites if s.name in args.suite]
+    for s in suites:
+        for f in s.files:
+            if not (tree / f).is_file():
+                raise StackError(
+                    f"suite {s.name} ({s.origin}) names {f}, which {tree} lacks: fix "
+                    "ci/cpu-suite.toml or the entry's cpu_tests, or re-run apply"
+                )
+
+    results: list[Result] = []
+    for i, s in enumerate(suites, 1):
+        mode = " [triton interpreter]" if s.interpret else ""
+        print(f"[{i}/{len(suites)}] {s.name}{mode} ...", flush=True)
+        env = test_env(dict(os.environ), hf_home, interpret=s.interpret)
+        r = run_suite(s, py, tree, env, config.deselects, log_dir, verbose=args.verbose)
+        results.append(r)
+        c = r.counts
+        print(
+            f"      {c['passed']} passed, {c['failed'] + c['errors']} failed, "
+            f"{c['skipped']} skipped, {c['deselected']} deselected in "
+            f"{r.seconds:.0f} s" + (f"  FAIL: {r.problem}" if r.problem else ""),
+            flush=True,
+        )
+        listed = [d.test for d in config.deselects if d.file in s.files]
+        if listed and c["deselected"] == 0 and r.rc in (0, 1):
+            print(
+                f"      warning: the deselect list names {len(listed)} test(s) of this "
+                "suite but pytest deselected none: stale ids? fix ci/cpu-suite.toml"
+            )
+        for line in r.failures[:20]:
+            print(f"        {line}")
+        if len(r.failures) > 20:
+            print(f"        ... {len(r.failures) - 20} more in {r.log}")
+        if r.problem:
+            print(f"      log: {r.log}")
+
+    print()
+    print(format_table(results))
+    print()
+    print(format_deselects(config.deselects, suites))
+    (log_dir / "summary.json").write_text(
+        json.dumps(
+            [
+                {
+                    "suite": r.suite.name,
+                    "origin": r.suite.origin,
+                    "interpret": r.suite.interpret,
+                    "rc": r.rc,
+                    "seconds": round(r.seconds, 1),
+                    "problem": r.problem,
+                    **r.counts,
+                }
+                for r in results
+            ],
+            indent=2,
+        )
+        + "\n"
+    )
+    failed = [r.suite.name for r in results if r.problem]
+    if failed:
+        print(f"\nFAILED suites: {', '.join(failed)} (logs in {log_dir})")
+        return 1
+    return 0
