@@ -48,8 +48,8 @@ STAMP_FORMAT = 1
 # machines carry (vLLM 0.33.0 itself pins 2.14.0; the pure-Python code paths
 # tested on CPU work with 2.13), and the torchvision released with it
 # (transformers' Qwen2-VL/Qwen3.5 processors import it). pip finds the CPU
-# wheel through its configuration (find-links, or an extra index such as
-# https://download.pytorch.org/whl/cpu: see --torch-index).
+# wheel through its configuration (find-links, or an extra index: PyTorch's
+# CPU wheel index, see --torch-index).
 LEAN_TORCH = ("torch==2.13.0+cpu", "torchvision==0.28.0")
 # Test tools of the lean profile (pinned: the versions the CPU suite is measured
 # with). triton runs kernels in interpreter mode; numba is a vLLM CPU dependency.
@@ -127,9 +127,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--torch-index",
         default=os.environ.get("HYBRID_STACK_TORCH_INDEX", ""),
         metavar="URL",
-        help="lean profile: extra index for the CPU torch wheel, e.g. "
-        "https://download.pytorch.org/whl/cpu (default: $HYBRID_STACK_TORCH_INDEX, "
-        "else pip's own configuration)",
+        help="lean profile: extra index for the CPU torch wheel, e.g. PyTorch's "
+        "CPU wheel index (default: $HYBRID_STACK_TORCH_INDEX, else pip's own "
+        "configuration)",
     )
     p.add_argument(
         "--force",
@@ -315,7 +315,7 @@ _PIP_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"No matching distribution found for ([^\s;]+)"),
         "check that pip reaches an index carrying it ('pip config list'); for the "
-        "CPU torch pass --torch-index https://download.pytorch.org/whl/cpu",
+        "CPU torch pass --torch-index <PyTorch's CPU wheel index URL>",
     ),
     (
         re.compile(r"Failed to build ([^\s;]+)"),
