@@ -60,6 +60,8 @@ TEST_TOOLS = (
     "pytest-asyncio==1.5.0",
     "pytest-timeout==2.4.0",
     "tblib==3.2.2",
+    # vLLM's own test pin (requirements/test/cpu.txt); property-based tests use it
+    "hypothesis==6.131.0",
 )
 # What vLLM's setup.py needs for a --no-build-isolation install (its
 # build-system.requires less torch, cmake and ninja, which only the compiled
