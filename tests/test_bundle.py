@@ -395,7 +395,9 @@ def test_committed_results_follow_the_schema():
     for path in results:
         data = json.loads(path.read_text())
         assert common.validate(data) == [], path.name
-        assert path.stem == f"{data['bench']}-{data['gpu']}"
+        # <bench>-<gpu>.json; a CPU-only benchmark is just <bench>.json
+        stem = data["bench"] if data["gpu"] == "cpu" else f"{data['bench']}-{data['gpu']}"
+        assert path.stem == stem
         md = path.with_suffix(".md")
         assert md.is_file(), f"{md.name} missing beside {path.name}"
         assert data["command"] in md.read_text()
