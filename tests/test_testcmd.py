@@ -284,6 +284,12 @@ def test_default_run_one_process_per_suite(
     assert "needs a GPU tokenizer" in out[out.index("deselected (") :]
     summary = json.loads((root / "work" / "test-logs" / "summary.json").read_text())
     assert summary[0]["passed"] == 5 and summary[0]["skipped"] == 2
+    # the plain closing line holds every suite's totals
+    passed = sum(s["passed"] for s in summary)
+    skipped = sum(s["skipped"] for s in summary)
+    assert (
+        out.rstrip().splitlines()[-1] == f"cpu-suite: {passed} passed, 0 failed, {skipped} skipped"
+    )
     assert (root / "work" / "hf-home" / "hub").is_dir()
 
 
@@ -305,6 +311,10 @@ def test_exit_5_and_failures_fail_the_run(
     assert "no tests collected (pytest exit 5)" in out
     assert "FAILED tests/v1/test_thing.py::test_a" in out
     assert "FAILED suites: two-mamba" in out
+    summary = json.loads((root / "work" / "test-logs" / "summary.json").read_text())
+    failed = sum(s["failed"] + s["errors"] for s in summary)
+    assert failed > 0
+    assert f", {failed} failed, " in out.rstrip().splitlines()[-1]
 
 
 def test_select_list_and_passthrough(

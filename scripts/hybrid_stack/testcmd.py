@@ -567,5 +567,11 @@ def run(args: argparse.Namespace) -> int:
     failed = [r.suite.name for r in results if r.problem]
     if failed:
         print(f"\nFAILED suites: {', '.join(failed)} (logs in {log_dir})")
-        return 1
-    return 0
+    # one plain closing line, the totals of every suite
+    total = {k: sum(r.counts[k] for r in results) for k in ("passed", "failed", "errors")}
+    skipped = sum(r.counts["skipped"] for r in results)
+    print(
+        f"cpu-suite: {total['passed']} passed, {total['failed'] + total['errors']} failed, "
+        f"{skipped} skipped"
+    )
+    return 1 if failed else 0
