@@ -164,6 +164,10 @@ def test_conflict_report_and_continue(toy: Toy, capsys, tmp_path: Path):
     assert git(work2, "status", "--porcelain") == ""
     assert "Stack-Entry: first" in git(work2, "log", "-1", "--format=%B")
     assert git(work2, "rev-parse", "--abbrev-ref", "HEAD") == "stack"
+    # status names the conflicting entry from the same trial apply
+    assert toy.cli("status") == 1
+    rows = {line.split()[1]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[3:]}
+    assert rows == {"first": "yes", "edit-core": "CONFLICT"}
     # resolve by hand as the message says, then continue and export
     patch = toy.root / "patches/edit-core.patch"
     with pytest.raises(subprocess.CalledProcessError):

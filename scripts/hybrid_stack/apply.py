@@ -19,7 +19,9 @@ refs/hybrid-stack/backup/ before the branch moves, so nothing is lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -29,6 +31,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,6 +201,14 @@ def _is_exec(path: Path) -> bool:
     return bool(path.stat().st_mode & stat.S_IXUSR)
 
 
+class ApplyConflict(StackError):
+    """An entry does not apply; `entry` names it."""
+
+    def __init__(self, message: str, entry: Entry):
+        super().__init__(message)
+        self.entry = entry
+
+
 @dataclass
 class Conflict:
     entry: Entry
@@ -244,6 +255,19 @@ def _hunk_headers(patch: Path) -> dict[tuple[str, int], str]:
     return heads
 
 
+def copy_overlay(stack: Stack, repo: Repo, entry: Entry) -> None:
+    """Copy an entry's overlay files (with their exec bit) into the tree and stage them."""
+    for p in entry.overlay:
+        src, dst = stack.overlay_dir / p, repo.path / p
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_symlink() or dst.is_dir():
+            raise StackError(f"entry '{entry.name}': overlay target {p} is not a file in the tree")
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o755 if _is_exec(src) else 0o644)
+    if entry.overlay:
+        repo.run("add", "--force", "--", *entry.overlay)
+
+
 def apply_entry(stack: Stack, repo: Repo, entry: Entry, position: int) -> Conflict | None:
     if entry.patch:
         patch = stack.patches_dir / entry.patch
@@ -259,15 +283,7 @@ def apply_entry(stack: Stack, repo: Repo, entry: Entry, position: int) -> Confli
                 if f and f not in files:
                     files.append(f)
             return Conflict(entry, position, files, hunks)
-    for p in entry.overlay:
-        src, dst = stack.overlay_dir / p, repo.path / p
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if dst.is_symlink() or dst.is_dir():
-            raise StackError(f"entry '{entry.name}': overlay target {p} is not a file in the tree")
-        shutil.copyfile(src, dst)
-        os.chmod(dst, 0o755 if _is_exec(src) else 0o644)
-    if entry.overlay:
-        repo.run("add", "--force", "--", *entry.overlay)
+    copy_overlay(stack, repo, entry)
     if entry.patch:
         repo.commit(entry.commit_message(), "--amend", "--reset-author", "--allow-empty")
     else:
@@ -385,7 +401,7 @@ def apply(stack: Stack, work: Path, source: str = "sdist", cont: bool = False) -
         if conflict:
             repo.run("checkout", "--quiet", "-B", BRANCH)
             _write_state(repo, {"head": repo.rev("HEAD"), "entries": entries_state})
-            raise StackError(_conflict_message(stack, work, conflict, carried))
+            raise ApplyConflict(_conflict_message(stack, work, conflict, carried), e)
         entries_state.append({"name": e.name, "fp": fps[i], "commit": repo.rev("HEAD")})
         print(f"apply: [{i + 1}/{len(carried)}] {e.name} ({time.monotonic() - t1:.1f} s)")
     repo.run("checkout", "--quiet", "-B", BRANCH)
@@ -411,11 +427,7 @@ def _continue_point(stack: Stack, repo: Repo, base: str) -> int:
     last = stack.carried[len(names) - 1] if names else None
     if last and last.overlay:
         # the hand-made commit came from `git am` alone: add the entry's overlay
-        for p in last.overlay:
-            dst = repo.path / p
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(stack.overlay_dir / p, dst)
-        repo.run("add", "--force", "--", *last.overlay)
+        copy_overlay(stack, repo, last)
         repo.commit(last.commit_message(), "--amend", "--reset-author", "--allow-empty")
     return len(names)
 
@@ -432,6 +444,16 @@ def _conflict_message(stack: Stack, work: Path, c: Conflict, carried: list[Entry
         f"cd {work} && git am -3 -k {patch}, fix the files, git add them, "
         f"git am --continue; then hybrid-stack apply --continue and hybrid-stack export"
     )
+
+
+@contextlib.contextmanager
+def trial_apply(stack: Stack, source: str = "sdist") -> Iterator[Path]:
+    """Apply the series quietly into a throwaway work tree and yield its path."""
+    with tempfile.TemporaryDirectory(prefix="hybrid-stack-trial-") as tmp:
+        work = Path(tmp) / "vllm"
+        with contextlib.redirect_stdout(io.StringIO()):
+            apply(stack, work, source=source)
+        yield work
 
 
 def run(args: argparse.Namespace) -> int:

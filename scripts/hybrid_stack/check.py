@@ -9,12 +9,8 @@ file, and the first entry that does not apply. The CI guard.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import tempfile
-from pathlib import Path
 
-from hybrid_stack.apply import apply
+from hybrid_stack.apply import trial_apply
 from hybrid_stack.errors import StackError
 from hybrid_stack.export import current_files, export_files, orphan_patches
 from hybrid_stack.stack import Stack, load_stack
@@ -22,15 +18,11 @@ from hybrid_stack.stack import Stack, load_stack
 
 def stale_files(stack: Stack, source: str = "sdist") -> list[str]:
     """Paths (stack-relative) that export would change; raises if apply fails."""
-    with tempfile.TemporaryDirectory(prefix="hybrid-stack-check-") as tmp:
-        work = Path(tmp) / "vllm"
-        log = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(log):
-                apply(stack, work, source=source)
-        except StackError as e:
-            raise StackError(f"the series does not apply: {e}") from None
-        want = export_files(stack, work)
+    try:
+        with trial_apply(stack, source) as work:
+            want = export_files(stack, work)
+    except StackError as e:
+        raise StackError(f"the series does not apply: {e}") from None
     have = current_files(stack)
     stale = [p for p in sorted(set(want) | set(have)) if want.get(p) != have.get(p)]
     return sorted(set(stale) | set(orphan_patches(stack)))

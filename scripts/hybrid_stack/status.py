@@ -4,13 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import tempfile
-from pathlib import Path
 
-from hybrid_stack.apply import apply
-from hybrid_stack.errors import StackError
+from hybrid_stack.apply import ApplyConflict, trial_apply
 from hybrid_stack.stack import Entry, Stack, load_stack
 
 
@@ -36,21 +31,15 @@ def diff_counts(stack: Stack, e: Entry) -> tuple[int, int, int]:
 def applies(stack: Stack, source: str) -> dict[str, str]:
     """Entry name -> 'yes' / 'CONFLICT' / 'not reached' from a throwaway apply."""
     result = {e.name: "yes" for e in stack.carried}
-    with tempfile.TemporaryDirectory(prefix="hybrid-stack-status-") as tmp:
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                apply(stack, Path(tmp) / "vllm", source=source)
-        except StackError as e:
-            failed = str(e).split("'")[1] if str(e).startswith("entry '") else ""
-            hit = False
-            for entry in stack.carried:
-                if entry.name == failed:
-                    hit = True
-                    result[entry.name] = "CONFLICT"
-                elif hit:
-                    result[entry.name] = "not reached"
-            if not hit:
-                raise
+    try:
+        with trial_apply(stack, source):
+            pass
+    except ApplyConflict as e:
+        names = [entry.name for entry in stack.carried]
+        failed = names.index(e.entry.name)
+        result[names[failed]] = "CONFLICT"
+        for name in names[failed + 1 :]:
+            result[name] = "not reached"
     return result
 
 
