@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_stack.errors import StackError
+from hybrid_stack.proc import tee
 from hybrid_stack.stack import Stack, load_stack
 
 PROFILES = ("lean", "full")
@@ -367,28 +368,18 @@ def run_step(step: Step, i: int, n: int, log: Path, *, verbose: bool) -> float:
     env.pop("PIP_REQUIRE_VIRTUALENV", None)
     if step.env:
         env.update(step.env)
+
+    def shown(line: str) -> str | None:
+        if verbose:
+            return "    " + line.rstrip()
+        return "    " + line.rstrip()[:110] if _ECHO.match(line) else None
+
     t0 = time.monotonic()
-    lines: list[str] = []
     with log.open("a") as logf:
         logf.write(f"\n### {step.name}\n$ {' '.join(step.argv)}\n")
         logf.flush()
-        proc = subprocess.Popen(
-            step.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=log.parent,  # never the tree root: its vllm/ would shadow the install
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            logf.write(line)
-            lines.append(line)
-            if verbose:
-                print("    " + line.rstrip(), flush=True)
-            elif _ECHO.match(line):
-                print("    " + line.rstrip()[:110], flush=True)
-        rc = proc.wait()
+        # cwd: never the tree root, whose vllm/ would shadow the install
+        rc, lines = tee(step.argv, cwd=log.parent, env=env, log=logf, echo=shown)
     dt = time.monotonic() - t0
     if rc != 0:
         output = "".join(lines)

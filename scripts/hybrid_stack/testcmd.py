@@ -37,6 +37,7 @@ from pathlib import Path
 
 from hybrid_stack import hfcache
 from hybrid_stack.errors import StackError
+from hybrid_stack.proc import tee
 from hybrid_stack.stack import Stack, load_stack
 
 if sys.version_info >= (3, 11):
@@ -320,25 +321,16 @@ def run_suite(
     argv = pytest_argv(py, suite, deselects)
     log = log_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "_", suite.name) + ".log")
     t0 = time.monotonic()
-    lines: list[str] = []
     with log.open("w") as logf:
         logf.write(f"$ cd {tree} && {shlex.join(argv)}\n")
         logf.flush()
-        proc = subprocess.Popen(
+        rc, lines = tee(
             argv,
             cwd=tree,
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            log=logf,
+            echo=lambda line: "    " + line.rstrip() if verbose else None,
         )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            logf.write(line)
-            lines.append(line)
-            if verbose:
-                print("    " + line.rstrip(), flush=True)
-        rc = proc.wait()
     output = "".join(lines)
     failures = [ln.strip() for ln in lines if _FAILURE_RE.match(ln)]
     return Result(suite, rc, parse_summary(output), time.monotonic() - t0, log, failures)
