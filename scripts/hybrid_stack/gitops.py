@@ -66,6 +66,15 @@ class Repo:
 
     path: Path
 
+    def _execute(self, args: tuple[str, ...], env: dict[str, str] | None = None, **kw):
+        """git.Git.execute of `git ARGS` with the isolated config and fixed identity."""
+        full_env = {**os.environ, **ISOLATION, **IDENTITY, **(env or {})}
+        cmd = ["git", "-c", "safe.directory=*", "-c", "core.quotePath=false", *args]
+        try:
+            return git.Git(str(self.path)).execute(cmd, env=full_env, **kw)
+        except GitCommandError as e:  # pragma: no cover - execute() failed to start
+            raise StackError(f"could not run git: {e}") from None
+
     def run(
         self,
         *args: str,
@@ -73,30 +82,19 @@ class Repo:
         env: dict[str, str] | None = None,
         strip: bool = True,
     ) -> str:
-        full_env = {**os.environ, **ISOLATION, **IDENTITY, **(env or {})}
-        cmd = ["git", "-c", "safe.directory=*", "-c", "core.quotePath=false", *args]
-        try:
-            status, out, err = git.Git(str(self.path)).execute(
-                cmd,
-                with_extended_output=True,
-                with_exceptions=False,
-                env=full_env,
-                strip_newline_in_stdout=strip,
-            )
-        except GitCommandError as e:  # pragma: no cover - execute() failed to start
-            raise StackError(f"could not run git: {e}") from None
+        status, out, err = self._execute(
+            args,
+            env,
+            with_extended_output=True,
+            with_exceptions=False,
+            strip_newline_in_stdout=strip,
+        )
         if check and status != 0:
             raise GitFailed(args, status, err)
         return out if check else (out if status == 0 else "")
 
     def ok(self, *args: str) -> bool:
-        full_env = {**os.environ, **ISOLATION, **IDENTITY}
-        status, _, _ = git.Git(str(self.path)).execute(
-            ["git", "-c", "safe.directory=*", *args],
-            with_extended_output=True,
-            with_exceptions=False,
-            env=full_env,
-        )
+        status, _, _ = self._execute(args, with_extended_output=True, with_exceptions=False)
         return status == 0
 
     # -- queries ---------------------------------------------------------
@@ -118,7 +116,7 @@ class Repo:
         return [line[3:] for line in out.splitlines() if line.strip()]
 
     def operation_in_progress(self) -> str:
-        gitdir = Path(self.run("rev-parse", "--absolute-git-dir"))
+        gitdir = self.git_dir()
         for name, what in (
             ("rebase-apply", "git am/rebase"),
             ("rebase-merge", "git rebase"),
@@ -152,12 +150,8 @@ class Repo:
         mode, kind, sha = line.split("\t", 1)[0].split()
         if kind != "blob":
             raise StackError(f"{path} is a {kind} in {commit[:12]}, not a file")
-        data = git.Git(str(self.path)).execute(
-            ["git", "-c", "safe.directory=*", "cat-file", "blob", sha],
-            env={**os.environ, **ISOLATION},
-            strip_newline_in_stdout=False,
-            as_process=False,
-            stdout_as_string=False,
+        data = self._execute(
+            ("cat-file", "blob", sha), strip_newline_in_stdout=False, stdout_as_string=False
         )
         return mode, data
 
@@ -213,10 +207,8 @@ class Repo:
                 os.unlink(index)
 
     def format_patch(self, commit: str) -> bytes:
-        full_env = {**os.environ, **ISOLATION, **IDENTITY}
-        return git.Git(str(self.path)).execute(
-            ["git", "-c", "safe.directory=*", "format-patch", *FORMAT_PATCH_OPTS, "-1", commit],
-            env=full_env,
+        return self._execute(
+            ("format-patch", *FORMAT_PATCH_OPTS, "-1", commit),
             strip_newline_in_stdout=False,
             stdout_as_string=False,
         )
