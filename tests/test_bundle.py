@@ -309,6 +309,7 @@ out["fa2"] = fa.flash_attn_interface.FA2_AVAILABLE
 import vllm._C_stable_libtorch as c
 out["stub"] = c.HYBRID_STACK_STUB
 out["fp8"] = torch.ops._C.cutlass_scaled_mm_supports_fp8(90)
+out["uva_schema"] = str(torch.ops._C.get_cuda_view_from_cpu_tensor.default._schema)
 from vllm import _custom_ops as ops
 x = torch.randn(2, 8)
 for name, call in (
@@ -341,6 +342,10 @@ def test_stubs_import_and_compiled_calls_raise(built: Path, tmp_path: Path):
     assert out["version"] == load_stack(ROOT).pin.version
     assert out["fa2"] is False and out["stub"] is True and out["fp8"] is False
     assert out["rms_norm"] != "returned"
+    # the UVA view op is implemented in Python with the compiled op's schema
+    bindings = (TREE / "csrc" / "torch_bindings.cpp").read_text()
+    schema = out["uva_schema"].removeprefix("_C::")
+    assert f'ops.def("{schema}");' in bindings
     assert out["fa"] != "returned"
     # without the bundle's shim the same import fails: the shim is what makes it work
     env["PYTHONPATH"] = str(TREE)

@@ -7,8 +7,14 @@ this stub lets that import succeed and registers NO compute kernels, so any
 caller of a compiled op (``torch.ops._C.<op>``, ``vllm._custom_ops.<op>``) raises
 when it is called: a test that needs compiled code fails, it never passes.
 
-Only capability queries are answered, with "not supported" (which is true: the
-compiled kernels are absent), because vLLM asks them at import time.
+Two kinds of ops are registered, neither of which computes anything:
+- capability queries, answered "not supported" (which is true: the compiled
+  kernels are absent), because vLLM asks them at import time;
+- ``get_cuda_view_from_cpu_tensor`` (Model Runner V2's ``UvaBuffer``), which only
+  builds a CUDA tensor over pinned host memory. With unified virtual addressing
+  a pinned host buffer has the same address on the device, so a Python version
+  (``__cuda_array_interface__`` over that address) does what csrc/cuda_view.cu
+  does. A non-pinned input is first copied into a new pinned buffer, as there.
 """
 
 from __future__ import annotations
@@ -30,12 +36,55 @@ def _not_supported(cuda_device_capability: int) -> bool:
     return False
 
 
+class _PinnedBytes:
+    """A CUDA array interface over the bytes of a pinned host storage; it keeps
+    the host tensor alive for as long as the CUDA view built from it lives."""
+
+    def __init__(self, host: torch.Tensor) -> None:
+        storage = host.untyped_storage()
+        self.host = host
+        self.__cuda_array_interface__ = {
+            "shape": (storage.nbytes(),),
+            "typestr": "|u1",
+            "data": (storage.data_ptr(), False),
+            "version": 3,
+        }
+
+
+def get_cuda_view_from_cpu_tensor(cpu_tensor: torch.Tensor) -> torch.Tensor:
+    """CUDA tensor aliasing ``cpu_tensor``'s pinned memory (UVA); same shape,
+    strides and dtype. Writes through either tensor are seen by the other."""
+    if cpu_tensor.device.type != "cpu":
+        raise RuntimeError("get_cuda_view_from_cpu_tensor: input tensor must be on CPU")
+    if cpu_tensor.numel() == 0:
+        return torch.empty(cpu_tensor.shape, dtype=cpu_tensor.dtype, device="cuda")
+    host = cpu_tensor
+    if not host.is_pinned():
+        host = torch.empty_like(cpu_tensor.contiguous(), pin_memory=True)
+        host.copy_(cpu_tensor)
+    raw = torch.as_tensor(_PinnedBytes(host), device="cuda")
+    return raw.view(host.dtype).as_strided(
+        host.shape, host.stride(), host.storage_offset()
+    )
+
+
 def _register() -> Any:
     lib = torch.library.Library("_C", "FRAGMENT")
-    for name in _CAPABILITY_QUERIES:
+    ops = [
+        (f"{name}(int cuda_device_capability) -> bool", name, _not_supported)
+        for name in _CAPABILITY_QUERIES
+    ]
+    ops.append(
+        (
+            "get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor",
+            "get_cuda_view_from_cpu_tensor",
+            get_cuda_view_from_cpu_tensor,
+        )
+    )
+    for schema, name, fn in ops:
         try:
-            lib.define(f"{name}(int cuda_device_capability) -> bool")
-            lib.impl(name, _not_supported, "CompositeExplicitAutograd")
+            lib.define(schema)
+            lib.impl(name, fn, "CompositeExplicitAutograd")
         except RuntimeError:
             pass  # already defined by a real extension loaded earlier
     return lib
