@@ -299,18 +299,22 @@ SHORT_LENS = {
 }
 
 
+# Each feature on and off, both dtypes, both chunk sizes and 1 / 2 / 8 groups,
+# without the full cross product (every case is its own Triton compile).
+REFERENCE_CASES = [
+    # itype, chunk_size, ngroups, use_z, d_mode, use_init, scatter
+    (torch.float32, 128, 1, True, "dim", True, True),
+    (torch.bfloat16, 256, 1, False, "head", False, False),
+    (torch.bfloat16, 128, 2, True, "head", True, False),
+    (torch.float32, 256, 8, False, "none", False, True),
+    (torch.bfloat16, 256, 8, True, "dim", True, True),
+    (torch.float32, 128, 2, False, "head", False, False),
+]
+
+
 @requires_gpu
-@pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("chunk_size", [128, 256])
-@pytest.mark.parametrize("ngroups", [1, 2, 8])
 @pytest.mark.parametrize(
-    "use_z,d_mode,use_init,scatter",
-    [
-        (True, "dim", True, True),
-        (False, "head", False, False),
-        (True, "head", True, False),
-        (False, "none", False, True),
-    ],
+    "itype,chunk_size,ngroups,use_z,d_mode,use_init,scatter", REFERENCE_CASES
 )
 def test_fused_ssd_vs_reference(
     itype, chunk_size, ngroups, use_z, d_mode, use_init, scatter
@@ -332,9 +336,15 @@ def test_fused_ssd_vs_reference(
 
 
 @requires_gpu
-@pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("chunk_size", [128, 256])
-@pytest.mark.parametrize("headdim,dstate", [(64, 128), (32, 16), (80, 128)])
+@pytest.mark.parametrize(
+    "itype,chunk_size,headdim,dstate",
+    [
+        (torch.float32, 128, 64, 128),
+        (torch.bfloat16, 256, 64, 128),
+        (torch.bfloat16, 128, 32, 16),
+        (torch.float32, 256, 80, 128),
+    ],
+)
 def test_fused_ssd_vs_chain(itype, chunk_size, headdim, dstate):
     """Same inputs through both implementations: outputs, final states
     written into the cache, and intermediate (per-chunk) states."""
@@ -454,3 +464,32 @@ def test_select_mamba_chunk_scan_varlen():
     assert select_mamba_chunk_scan_varlen("auto") is mamba_chunk_scan_auto_varlen
     with pytest.raises(ValueError):
         select_mamba_chunk_scan_varlen("nope")
+
+
+@pytest.mark.parametrize(
+    "tokens,heads,expect",
+    [
+        (1024, 128, "fused"),
+        (4096, 128, "fused"),
+        (4097, 128, "chain"),
+        (16384, 128, "chain"),
+        (65535, 128, "chain"),
+        (65536, 128, "fused"),
+        (262144, 80, "fused"),
+    ],
+)
+def test_auto_picks_by_token_heads(monkeypatch, tokens, heads, expect):
+    """"auto" runs the chain inside ssd_fused.FUSED_AUTO_CHAIN_BAND (token x
+    head pairs) and the fused kernel outside it, passing all arguments on."""
+    calls = []
+    for name in ("mamba_chunk_scan_combined_varlen", "mamba_chunk_scan_fused_varlen"):
+        monkeypatch.setattr(
+            ssd_fused, name, lambda *a, _n=name, **k: calls.append((_n, a, k))
+        )
+    x = torch.empty(tokens, heads, 1)
+    mamba_chunk_scan_auto_varlen(x, "dt", chunk_size=256)
+    want = {
+        "chain": "mamba_chunk_scan_combined_varlen",
+        "fused": "mamba_chunk_scan_fused_varlen",
+    }[expect]
+    assert calls == [(want, (x, "dt"), {"chunk_size": 256})]

@@ -14,7 +14,7 @@ acquire/release flag.
 
 Selected with ``MambaConfig.ssd_prefill`` (CLI ``--mamba-ssd-prefill``):
 ``"chain"`` (default, upstream), ``"fused"`` (always this kernel) or
-``"auto"`` (this kernel for small prefills, the chain for large ones).  See
+``"auto"`` (whichever of the two was faster at the prefill's size).  See
 ``select_mamba_chunk_scan_varlen``.
 """
 
@@ -73,6 +73,12 @@ from vllm.triton_utils import tl, triton
 # resident program at a time (or the sequential Triton interpreter) it still
 # terminates because a program never waits on a ticket that is handed out
 # after its own.
+#
+# Operands.  Every tl.dot takes its A operand straight from a load (x^T, B,
+# C) and gets the computed factor (the dt/decay weights, the masked C.B^T
+# block, the running state) as its B operand.  On sm90 a computed A operand
+# becomes a register-sourced wgmma, which was 15% slower here (1.28 vs 1.11 ms at
+# 16k tokens, H200, granite-4.0-h-small dims) than this form.
 #
 # Memory ordering.  Publisher: every thread stores its part of S_end (st to
 # global), then a CTA barrier (bar.sync orders the stores of all threads
@@ -254,8 +260,10 @@ def _ssd_fused_varlen_kernel(
             mask=mask_t[:, None] & mask_p[None, :],
             other=0.0,
         )
-        xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
-        s_loc += tl.dot(tl.trans(xw), b)
+        # Scale B, not x: every A operand of a dot in this kernel is loaded
+        # from memory (see "Operands" above).
+        bw = (b.to(tl.float32) * w[:, None]).to(b.dtype)
+        s_loc += tl.dot(tl.trans(x), bw)
         base = base + tl.sum(dA_m, axis=0)
 
     # ---- C: state passing ---------------------------------------------------
@@ -361,11 +369,14 @@ def _ssd_fused_varlen_kernel(
         acc = tl.dot(cm, tl.trans(s_run).to(cm.dtype))
         acc = acc * fast_exp(cs_rel)[:, None]
         # intra-block part
-        cb = tl.dot(cm, tl.trans(b))
-        decay = fast_exp(tl.minimum(cs_rel[:, None] - cs_rel[None, :], 0.0))
-        causal = offs_m[:, None] >= offs_m[None, :]
-        cb = tl.where(causal, cb * decay * dt_m[None, :], 0.0)
-        acc += tl.dot(cb.to(x.dtype), x)
+        # intra-block part, transposed: y_intra^T = x^T (L o C B^T)^T with
+        # cbt[j, i] = B_j . C_i, kept for j <= i and scaled by
+        # exp(cs_i - cs_j) dt_j.
+        cbt = tl.dot(b, tl.trans(cm))
+        decay_t = fast_exp(tl.minimum(cs_rel[None, :] - cs_rel[:, None], 0.0))
+        causal_t = offs_m[:, None] <= offs_m[None, :]
+        cbt = tl.where(causal_t, cbt * decay_t * dt_m[:, None], 0.0)
+        acc += tl.trans(tl.dot(tl.trans(x), cbt.to(x.dtype)))
         if HAS_D:
             if D_HAS_HDIM:
                 acc += x.to(tl.float32) * Dv[None, :]
@@ -392,8 +403,8 @@ def _ssd_fused_varlen_kernel(
         if m0 + BLOCK_M < clen:
             blk = tl.sum(dA_m, axis=0)
             w = dt_m * fast_exp(tl.minimum(blk - cs_rel, 0.0))
-            xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
-            s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(xw), b)
+            bw = (b.to(tl.float32) * w[:, None]).to(b.dtype)
+            s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(x), bw)
 
 
 # Per-device cache of the launch configuration override (tests and benchmarks
@@ -407,19 +418,20 @@ def _launch_config(
     block_p = min(64, max(16, triton.next_power_of_2(headdim)))
     cfg = {
         # Rows per step of the output pass (D) and of the state pass (B).
-        # Measured on H200 (chunk 256, headdim 64, dstate 128, bf16):
-        # BLOCK_M 64 / BLOCK_KB 256 was the fastest correct choice of
-        # BLOCK_M {32, 64}, BLOCK_KB {64, 128, 256}, BLOCK_P {32, 64}.
+        # Measured on H200 (granite-4.0-h-small dims, 16k tokens, one
+        # sequence; ms per call): BLOCK_M/BLOCK_KB/BLOCK_P/warps
+        # 64/256/64/4 1.11, 64/64/64/4 1.15, 64/64/64/8 1.77,
+        # 64/64/32/4 1.88, 32/64/64/4 3.30. Every choice needs about 255
+        # registers per thread, so 2 programs share an SM.
         "BLOCK_M": min(64, max(16, chunk_size)),
         "BLOCK_KB": min(256, max(16, chunk_size)),
         "BLOCK_P": block_p,
-        # 4 warps beat 8 by 1.4-1.7x for BLOCK_M 32/64 (same measurement).
         "num_warps": 4,
-        # num_stages=2 produced wrong outputs on H200 (rel. error 0.28-0.45,
-        # with BLOCK_M 64 and with BLOCK_M 32): likely the
-        # sm90 wgmma register reuse issue described in
-        # ssd_chunk_scan._drop_racy_wgmma_configs (dot(cb, x) with cb in
-        # registers inside a pipelined loop). Keep 1.
+        # num_stages=2 gives wrong outputs on H200 with BLOCK_M 64 (relative
+        # error 2.7e-3 against the chain, 8.6e-5 with 1 stage), like the sm90
+        # wgmma register reuse issue in
+        # ssd_chunk_scan._drop_racy_wgmma_configs; with BLOCK_P 32 it is
+        # correct but slower (1.74 ms). Keep 1.
         "num_stages": 1,
     }
     cfg.update(_LAUNCH_OVERRIDE)
@@ -670,22 +682,26 @@ def _mamba_chunk_scan_fused_fwd(
     return final
 
 
-# "auto" runs the fused kernel up to this many token x head pairs per call
-# and the chain above it.  Measured on one H200 (torch 2.11, triton 3.6;
-# bf16, headdim 64, dstate 128, chunk 256): the fused launch is 2.8-6.3x
-# faster at 1k tokens x 80-128 heads, where the chain's five launches
-# dominate, but 0.8-0.94x of the chain from 4k tokens x 128 heads up.
-FUSED_AUTO_MAX_TOKEN_HEADS = 1 << 17
+# "auto" runs the chain for token x head counts in
+# (FUSED_AUTO_CHAIN_BAND[0], FUSED_AUTO_CHAIN_BAND[1]) and the fused kernel
+# outside that band.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
+# headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
+# chain: 3.6-6.2x at 1k tokens (80-128 heads, the chain's five launches
+# dominate), 1.13-1.25x at 4k x 128 heads, 0.88-0.91x at 16k tokens (the chain's
+# best size), 1.10x at 64k x 128 heads and 1.04-1.14x at 256k tokens.
+FUSED_AUTO_CHAIN_BAND = (1 << 19, 1 << 23)
 
 
 def mamba_chunk_scan_auto_varlen(
     x: torch.Tensor, *args, **kwargs
 ) -> torch.Tensor | None:
-    """Fused single launch for small prefills, the chain for large ones
-    (``MambaConfig.ssd_prefill = "auto"``); same contract as both."""
-    if x.shape[0] * x.shape[1] <= FUSED_AUTO_MAX_TOKEN_HEADS:
-        return mamba_chunk_scan_fused_varlen(x, *args, **kwargs)
-    return mamba_chunk_scan_combined_varlen(x, *args, **kwargs)
+    """The faster of the two implementations for this prefill size, by the
+    measurement above (``MambaConfig.ssd_prefill = "auto"``); same contract
+    as both."""
+    lo, hi = FUSED_AUTO_CHAIN_BAND
+    if lo < x.shape[0] * x.shape[1] < hi:
+        return mamba_chunk_scan_combined_varlen(x, *args, **kwargs)
+    return mamba_chunk_scan_fused_varlen(x, *args, **kwargs)
 
 
 SSD_PREFILL_IMPLS: dict[str, Callable[..., torch.Tensor | None]] = {
@@ -700,8 +716,8 @@ def select_mamba_chunk_scan_varlen(
 ) -> Callable[..., torch.Tensor | None]:
     """Return the SSD prefill entry point for ``MambaConfig.ssd_prefill``:
     ``"chain"`` (upstream five-kernel chain), ``"fused"`` (this module's
-    single launch, always) or ``"auto"`` (fused for small prefills, see
-    ``FUSED_AUTO_MAX_TOKEN_HEADS``)."""
+    single launch, always) or ``"auto"`` (the chain inside
+    ``FUSED_AUTO_CHAIN_BAND`` token x head pairs, fused outside it)."""
     try:
         return SSD_PREFILL_IMPLS[impl]
     except KeyError:
