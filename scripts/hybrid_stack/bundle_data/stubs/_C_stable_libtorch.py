@@ -63,9 +63,7 @@ def get_cuda_view_from_cpu_tensor(cpu_tensor: torch.Tensor) -> torch.Tensor:
         host = torch.empty_like(cpu_tensor.contiguous(), pin_memory=True)
         host.copy_(cpu_tensor)
     raw = torch.as_tensor(_PinnedBytes(host), device="cuda")
-    return raw.view(host.dtype).as_strided(
-        host.shape, host.stride(), host.storage_offset()
-    )
+    return raw.view(host.dtype).as_strided(host.shape, host.stride(), host.storage_offset())
 
 
 def _register() -> Any:
