@@ -60,7 +60,7 @@ def get_cuda_view_from_cpu_tensor(cpu_tensor: torch.Tensor) -> torch.Tensor:
         return torch.empty(cpu_tensor.shape, dtype=cpu_tensor.dtype, device="cuda")
     host = cpu_tensor
     if not host.is_pinned():
-        host = torch.empty_like(cpu_tensor.contiguous(), pin_memory=True)
+        host = torch.empty(cpu_tensor.shape, dtype=cpu_tensor.dtype, pin_memory=True)
         host.copy_(cpu_tensor)
     raw = torch.as_tensor(_PinnedBytes(host), device="cuda")
     return raw.view(host.dtype).as_strided(host.shape, host.stride(), host.storage_offset())

@@ -368,7 +368,6 @@ def _ssd_fused_varlen_kernel(
         # inter-block part: C_i . S_run, decayed from the block start
         acc = tl.dot(cm, tl.trans(s_run).to(cm.dtype))
         acc = acc * fast_exp(cs_rel)[:, None]
-        # intra-block part
         # intra-block part, transposed: y_intra^T = x^T (L o C B^T)^T with
         # cbt[j, i] = B_j . C_i, kept for j <= i and scaled by
         # exp(cs_i - cs_j) dt_j.
