@@ -279,6 +279,36 @@ def test_runner_installs_wheels_privately(built: Path, tmp_path: Path):
     assert not (site / "pydantic" / "__init__.py").exists()
 
 
+@needs_tree
+def test_runner_env_exports_the_bundle_import_path(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    run = load_runner(built)
+    run.check_python = lambda manifest: None  # the bundle's wheels are for 3.12
+    site = tmp_path / "site"
+    assert run.main(["--env", "--site", str(site)]) == 0
+    exports = capsys.readouterr().out
+    assert (site / ".hybrid-stack-installed").is_file()
+    probe = (  # find_spec locates vllm without importing it (no torch here)
+        "import importlib.metadata as m, importlib.util as u, pydantic; "
+        "print(m.version('vllm'), pydantic.__file__, u.find_spec('vllm').origin)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run(
+        ["bash", "-c", f'{exports}\n"{sys.executable}" -c "{probe}"'],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    version, pydantic_file, vllm_file = p.stdout.split()
+    assert version == load_stack(ROOT).pin.version
+    assert Path(pydantic_file).is_relative_to(site)
+    assert Path(vllm_file).is_relative_to(built / "src")
+
+
 def test_runner_parses_junit_skips_as_skips(tmp_path: Path):
     spec = importlib.util.spec_from_file_location("r", bundle.DATA_DIR / "run.py")
     assert spec and spec.loader

@@ -7,6 +7,8 @@ Unpack the bundle on a machine with a CUDA GPU, torch and triton, then:
     python run.py quick                       # the few-minute kernel test selection
     python run.py full --bench all --out res  # every bundled test, all benchmarks
     python run.py <entry-name> tests/kernels/mamba/test_x.py::test_y -n 4
+    eval "$(python run.py --env)"             # the same imports for your own scripts,
+    ncu ... python3 my_probe.py               # profilers, notebooks (no CUDA check)
 
 The runner installs the bundled wheels into a private folder (no network, no
 root; ``--site``), puts that folder, the bundled ``src/`` (the patched vLLM
@@ -158,6 +160,15 @@ def child_env(site: Path) -> dict[str, str]:
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def shell_exports(env: dict[str, str]) -> str:
+    """``export`` lines (POSIX shell) for what ``child_env`` adds to os.environ."""
+    return "\n".join(
+        f"export {k}={shlex.quote(v)}"
+        for k, v in sorted(env.items())
+        if os.environ.get(k) != v
+    )
 
 
 def probe_vllm(env: dict[str, str]) -> dict[str, Any]:
@@ -360,10 +371,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per step")
     parser.add_argument("--site", type=Path, default=HERE / ".site", help="private install folder")
     parser.add_argument("--list", action="store_true", help="list selections, benchmarks")
+    parser.add_argument(
+        "--env",
+        action="store_true",
+        help="install the wheels, print the shell exports that put the bundle on the "
+        "import path (for your own scripts and profilers), and exit",
+    )
     args = parser.parse_args(argv)
     command = shlex.join(["python", "run.py", *(sys.argv[1:] if argv is None else argv)])
     try:
         manifest = load_manifest()
+        if args.env:
+            check_python(manifest)
+            site = args.site.resolve()
+            install_wheels(manifest, site)
+            print(shell_exports(child_env(site)))
+            return 0
         if args.list:
             for name, ids in manifest["selections"].items():
                 print(f"{name}: {len(ids)} test id(s)")
