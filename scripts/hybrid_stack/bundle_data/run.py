@@ -165,9 +165,7 @@ def child_env(site: Path) -> dict[str, str]:
 def shell_exports(env: dict[str, str]) -> str:
     """``export`` lines (POSIX shell) for what ``child_env`` adds to os.environ."""
     return "\n".join(
-        f"export {k}={shlex.quote(v)}"
-        for k, v in sorted(env.items())
-        if os.environ.get(k) != v
+        f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if os.environ.get(k) != v
     )
 
 
