@@ -3,8 +3,9 @@
 #   1. the tooling (.venv, editable, with test extras)
 #   2. fetch + apply the pinned base and the series into work/vllm
 #   3. build the patched tree Python-only into work/venv (lean CPU profile)
-#   4. the tooling tests (pytest tests/)
-#   5. the stack's CPU suite on the patched tree (hybrid-stack test)
+#   4. lint: ruff on the tooling, and with vLLM's settings on overlay/
+#   5. the tooling tests (pytest tests/)
+#   6. the stack's CPU suite on the patched tree (hybrid-stack test)
 # Exits non-zero on any failure; pytest's "no tests collected" (5) is a failure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +24,12 @@ hybrid-stack apply
 
 step "build (lean profile)"
 hybrid-stack build --profile lean
+
+step "lint (ruff)"
+ruff check scripts tests
+ruff format --check scripts tests
+ruff check --config ci/ruff-vllm.toml overlay
+ruff format --check --config ci/ruff-vllm.toml overlay
 
 step "tooling tests"
 set +e

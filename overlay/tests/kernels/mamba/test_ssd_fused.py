@@ -479,7 +479,7 @@ def test_select_mamba_chunk_scan_varlen():
     ],
 )
 def test_auto_picks_by_token_heads(monkeypatch, tokens, heads, expect):
-    """"auto" runs the chain inside ssd_fused.FUSED_AUTO_CHAIN_BAND (token x
+    """The "auto" mode runs the chain inside ssd_fused.FUSED_AUTO_CHAIN_BAND (token x
     head pairs) and the fused kernel outside it, passing all arguments on."""
     calls = []
     for name in ("mamba_chunk_scan_combined_varlen", "mamba_chunk_scan_fused_varlen"):
