@@ -215,6 +215,5 @@ def test_mixer2_fused_prefill_matches_chain(single_rank, monkeypatch):
     untouched[used] = False
     assert torch.equal(ssm_f[untouched], caches[1][untouched])
     # every prefilled slot was written
-    assert not torch.equal(ssm_f[used], caches[1][used])
     for i, slot in enumerate(used.tolist()):
         assert not torch.equal(ssm_f[slot], caches[1][slot]), f"slot of row {i}"

@@ -118,6 +118,32 @@ def ssd_reference(
     return y, torch.stack(finals), snap
 
 
+def reference_for(
+    inp: dict[str, torch.Tensor],
+    cu_seqlens: torch.Tensor,
+    D: torch.Tensor | None,
+    *,
+    use_z: bool,
+    use_init: bool,
+    state_at: set[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """ssd_reference on make_inputs() inputs, as run_case() passes them."""
+    return ssd_reference(
+        inp["x"],
+        inp["dt"],
+        inp["A"],
+        inp["B"],
+        inp["C"],
+        cu_seqlens,
+        D=D,
+        z=inp["z"] if use_z else None,
+        dt_bias=inp["dt_bias"],
+        initial_states=inp["init"] if use_init else None,
+        dt_softplus=True,
+        state_at=state_at,
+    )
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().cpu(), b.double().cpu()
     return ((a - b).norm() / b.norm()).item()
@@ -228,18 +254,8 @@ def check_against_reference(
     out, finals, ret, (cu, _, _, _), D = run_case(fn, lens, chunk_size, inp, **kw)
     assert not out.isnan().any(), "some output elements were not written"
     assert not finals.isnan().any()
-    ref_out, ref_final, _ = ssd_reference(
-        inp["x"],
-        inp["dt"],
-        inp["A"],
-        inp["B"],
-        inp["C"],
-        cu,
-        D=D,
-        z=inp["z"] if kw["use_z"] else None,
-        dt_bias=inp["dt_bias"],
-        initial_states=inp["init"] if kw["use_init"] else None,
-        dt_softplus=True,
+    ref_out, ref_final, _ = reference_for(
+        inp, cu, D, use_z=kw["use_z"], use_init=kw["use_init"]
     )
     assert rel_err(out, ref_out) < TOL[itype]
     assert rel_err(finals, ref_final) < TOL[itype]
@@ -389,18 +405,8 @@ def test_fused_ssd_intermediate_states(itype):
     )
     assert not out.isnan().any()
     ends = [int(e) - 1 for e in cu_chunk[1:]]
-    _, _, snap = ssd_reference(
-        inp["x"],
-        inp["dt"],
-        inp["A"],
-        inp["B"],
-        inp["C"],
-        cu,
-        D=D,
-        dt_bias=inp["dt_bias"],
-        initial_states=inp["init"],
-        dt_softplus=True,
-        state_at=set(ends),
+    _, _, snap = reference_for(
+        inp, cu, D, use_z=False, use_init=True, state_at=set(ends)
     )
     ref = torch.stack([snap[e] for e in ends])
     assert inter.shape == ref.shape
@@ -437,19 +443,8 @@ def test_fused_ssd_triton_interpreter(scatter, intermediate):
         ssd_fused._set_launch_config()
     assert not out.isnan().any()
     ends = [int(e) - 1 for e in cu_chunk[1:]]
-    ref_out, ref_final, snap = ssd_reference(
-        inp["x"],
-        inp["dt"],
-        inp["A"],
-        inp["B"],
-        inp["C"],
-        cu,
-        D=D,
-        z=inp["z"],
-        dt_bias=inp["dt_bias"],
-        initial_states=inp["init"],
-        dt_softplus=True,
-        state_at=set(ends),
+    ref_out, ref_final, snap = reference_for(
+        inp, cu, D, use_z=True, use_init=True, state_at=set(ends)
     )
     assert rel_err(out, ref_out) < 1e-5
     assert rel_err(finals, ref_final) < 1e-5
