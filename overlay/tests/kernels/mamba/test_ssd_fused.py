@@ -426,7 +426,13 @@ def test_fused_ssd_triton_interpreter(scatter, intermediate):
     lens = [5, 32, 45, 70]
     chunk_size = 32
     inp = make_inputs(lens, 4, 24, 2, 16, torch.float32, "cpu", seed=13)
-    ssd_fused._set_launch_config(BLOCK_M=16, BLOCK_KB=16 if scatter else 32, BLOCK_P=16)
+    # Both forms of the output loop: unpipelined and pipelined (the default).
+    ssd_fused._set_launch_config(
+        BLOCK_M=16,
+        BLOCK_KB=16 if scatter else 32,
+        BLOCK_P=16,
+        OUT_STAGES=1 if scatter else 2,
+    )
     try:
         out, finals, ret, (cu, cu_chunk, last, _), D = run_case(
             _mamba_chunk_scan_fused_fwd,

@@ -74,12 +74,22 @@ from vllm.triton_utils import tl, triton
 # terminates because a program never waits on a ticket that is handed out
 # after its own.
 #
-# Operands.  Every tl.dot takes its A operand straight from a load (x^T, B,
-# C) and gets the computed factor (the dt/decay weights, the masked C.B^T
-# block, the running state) as its B operand.  On sm90 a computed A operand
-# becomes a register-sourced wgmma, which was 15% slower here (1.28 vs 1.11 ms at
-# 16k tokens, H200, granite-4.0-h-small dims) than this form.
-#
+# Operands and pipelining.  Only the output pass (D) is software-pipelined
+# (tl.range with num_stages=OUT_STAGES=2): its x, B and C tiles arrive by
+# asynchronous copies into shared memory one row block ahead.  Both state
+# dots (B: S_loc, D: the S_run update) scale x rather than B by the dt/decay
+# weights (half the elements) and take B straight from shared memory, so
+# their A operand (x^T scaled) comes from registers; the other dots take
+# their A operand from the copies (C, B, x^T) and the computed factor as the
+# B operand.  Measured on H200, granite-4.0-h-small dims, ms per call at
+# 16k / 256k tokens: 1.12 / 17.5 before these changes, 1.03 / 15.8 with
+# them.  The update written as x^T (B scaled), all operands in shared
+# memory, gives wrong outputs once the loop is pipelined (relative error
+# 3.1e-3 against the chain, 1.1e-4 in the form used here), as did
+# num_stages=2 for the whole kernel (see _launch_config); compare
+# ssd_chunk_scan._drop_racy_wgmma_configs.  The interpreter test runs
+# both stage counts; the GPU tests run the default.
+
 # Memory ordering.  Publisher: every thread stores its part of S_end (st to
 # global), then a CTA barrier (bar.sync orders the stores of all threads
 # before it at CTA scope), then one release atomic at GPU scope on the flag
@@ -181,6 +191,7 @@ def _ssd_fused_varlen_kernel(
     CHUNK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_KB: tl.constexpr,
+    OUT_STAGES: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_P_BLOCKS: tl.constexpr,
@@ -260,10 +271,9 @@ def _ssd_fused_varlen_kernel(
             mask=mask_t[:, None] & mask_p[None, :],
             other=0.0,
         )
-        # Scale B, not x: every A operand of a dot in this kernel is loaded
-        # from memory (see "Operands" above).
-        bw = (b.to(tl.float32) * w[:, None]).to(b.dtype)
-        s_loc += tl.dot(tl.trans(x), bw)
+        # Scale x, not B (see "Operands and pipelining" above).
+        xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+        s_loc += tl.dot(tl.trans(xw), b)
         base = base + tl.sum(dA_m, axis=0)
 
     # ---- C: state passing ---------------------------------------------------
@@ -341,7 +351,7 @@ def _ssd_fused_varlen_kernel(
         else:
             Dv = tl.load(D_ptr + h * stride_D_h).to(tl.float32)
     s_run = s_prev
-    for m0 in range(0, clen, BLOCK_M):
+    for m0 in tl.range(0, clen, BLOCK_M, num_stages=OUT_STAGES):
         rows = m0 + offs_m
         mask_t = rows < clen
         dt_m = _dt_block(
@@ -402,8 +412,8 @@ def _ssd_fused_varlen_kernel(
         if m0 + BLOCK_M < clen:
             blk = tl.sum(dA_m, axis=0)
             w = dt_m * fast_exp(tl.minimum(blk - cs_rel, 0.0))
-            bw = (b.to(tl.float32) * w[:, None]).to(b.dtype)
-            s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(x), bw)
+            xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+            s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(xw), b)
 
 
 # Per-device cache of the launch configuration override (tests and benchmarks
@@ -418,7 +428,9 @@ def _launch_config(
     cfg = {
         # Rows per step of the output pass (D) and of the state pass (B).
         # Measured on H200 (granite-4.0-h-small dims, 16k tokens, one
-        # sequence; ms per call): BLOCK_M/BLOCK_KB/BLOCK_P/warps
+        # sequence; ms per call, before the output loop was pipelined;
+        # pipelined, BLOCK_KB 128 and 256 measure the same, 1.04 and 1.03):
+        # BLOCK_M/BLOCK_KB/BLOCK_P/warps
         # 64/256/64/4 1.11, 64/64/64/4 1.15, 64/64/64/8 1.77,
         # 64/64/32/4 1.88, 32/64/64/4 3.30. Every choice needs about 255
         # registers per thread, so 2 programs share an SM.
@@ -426,12 +438,12 @@ def _launch_config(
         "BLOCK_KB": min(256, max(16, chunk_size)),
         "BLOCK_P": block_p,
         "num_warps": 4,
-        # num_stages=2 gives wrong outputs on H200 with BLOCK_M 64 (relative
-        # error 2.7e-3 against the chain, 8.6e-5 with 1 stage), like the sm90
-        # wgmma register reuse issue in
-        # ssd_chunk_scan._drop_racy_wgmma_configs; with BLOCK_P 32 it is
-        # correct but slower (1.74 ms). Keep 1.
+        # Kernel-wide num_stages=2 gives wrong outputs on H200 with BLOCK_M
+        # 64 (relative error 2.7e-3 against the chain, 8.6e-5 with 1 stage),
+        # like ssd_chunk_scan._drop_racy_wgmma_configs; only the output loop
+        # is pipelined (OUT_STAGES, see "Operands and pipelining").
         "num_stages": 1,
+        "OUT_STAGES": 2,
     }
     cfg.update(_LAUNCH_OVERRIDE)
     return cfg
@@ -439,8 +451,8 @@ def _launch_config(
 
 def _set_launch_config(**kwargs: int) -> None:
     """Override launch parameters (BLOCK_M, BLOCK_KB, BLOCK_P, num_warps,
-    num_stages);
-    for benchmarks and tests. Call with no arguments to reset."""
+    num_stages, OUT_STAGES) for benchmarks and tests. Call with no arguments
+    to reset."""
     _LAUNCH_OVERRIDE.clear()
     _LAUNCH_OVERRIDE.update(kwargs)
 
@@ -658,6 +670,7 @@ def _mamba_chunk_scan_fused_fwd(
         CHUNK_SIZE=chunk_size,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_KB=cfg["BLOCK_KB"],
+        OUT_STAGES=cfg["OUT_STAGES"],
         BLOCK_P=block_p,
         BLOCK_N=max(16, triton.next_power_of_2(dstate)),
         NUM_P_BLOCKS=num_p_blocks,
@@ -685,9 +698,9 @@ def _mamba_chunk_scan_fused_fwd(
 # (FUSED_AUTO_CHAIN_BAND[0], FUSED_AUTO_CHAIN_BAND[1]) and the fused kernel
 # outside that band.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
-# chain: 3.6-6.2x at 1k tokens (80-128 heads, the chain's five launches
-# dominate), 1.13-1.25x at 4k x 128 heads, 0.88-0.91x at 16k tokens (the chain's
-# best size), 1.10x at 64k x 128 heads and 1.04-1.14x at 256k tokens.
+# chain: 2.2-3.9x at 1k tokens (80-128 heads, host launch cost dominates
+# both), 1.12-1.56x at 4k x 128 heads, 0.93-1.03x at 16k tokens (the chain's
+# best size), 1.18x at 64k x 128 heads and 1.10-1.23x at 256k tokens.
 FUSED_AUTO_CHAIN_BAND = (1 << 19, 1 << 23)
 
 
