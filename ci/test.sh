@@ -5,7 +5,8 @@
 #   3. build the patched tree Python-only into work/venv (lean CPU profile)
 #   4. lint: ruff on the tooling, and with vLLM's settings on overlay/
 #   5. the tooling tests (pytest tests/)
-#   6. the stack's CPU suite on the patched tree (hybrid-stack test)
+#   6. sm_90 compile check of the stack's Triton kernels (hybrid-stack kernel-stats)
+#   7. the stack's CPU suite on the patched tree (hybrid-stack test)
 # Exits non-zero on any failure; pytest's "no tests collected" (5) is a failure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,6 +39,9 @@ rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "tooling tests: pytest collected no tests" >&2; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
+
+step "sm_90 compile check (no GPU: registers, spills, shared memory)"
+hybrid-stack kernel-stats --arch 90
 
 step "CPU suite on the patched tree"
 hybrid-stack test

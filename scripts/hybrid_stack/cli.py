@@ -24,6 +24,7 @@ VERBS = (
     "build",
     "testcmd",
     "bundle",
+    "kstats",
 )
 
 

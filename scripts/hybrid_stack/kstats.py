@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`hybrid-stack kernel-stats`: compile the stack's Triton kernels for a GPU on this CPU box.
+
+For every carried entry with kernel cases (``kstats_probe.CASES``) it calls the
+entry's real launcher on ``meta`` tensors, captures the launch, compiles it for
+``sm_<arch>`` with the build venv's Triton and prints registers, spill bytes
+and shared memory per program. A case that fails to compile, or needs more
+shared memory than the architecture gives one program, fails the command:
+that is GPU breakage the Triton interpreter tests cannot see. Nothing runs on
+a GPU; speed still needs ``hybrid-stack bundle`` on a real one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from hybrid_stack import hfcache, kstats_probe
+from hybrid_stack.errors import StackError
+from hybrid_stack.stack import load_stack
+from hybrid_stack.testcmd import _check_venv, test_env
+
+PROBE = Path(kstats_probe.__file__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "kernel-stats",
+        help="compile the stack's Triton kernels for sm_<arch> on the CPU; registers, spills, smem",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    p.add_argument("--venv", type=Path, default=None, help="default: work/venv")
+    p.add_argument("--tree", type=Path, default=None, help="default: work/vllm")
+    p.add_argument("--arch", type=int, default=90, help="compute capability x10 (default 90)")
+    p.add_argument(
+        "--entry", action="append", default=[], metavar="NAME", help="only this entry's kernels"
+    )
+    p.add_argument(
+        "--json", type=Path, default=None, help="default: work/kernel-stats-sm<arch>.json"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = load_stack(args.root)
+    carried = {e.name for e in stack.carried}
+    wanted = args.entry or [name for name in kstats_probe.CASES if name in carried]
+    unknown = sorted(set(wanted) - set(kstats_probe.CASES))
+    if unknown:
+        raise StackError(
+            f"no kernel cases for {', '.join(unknown)} (known: {', '.join(kstats_probe.CASES)})"
+        )
+    not_carried = sorted(set(wanted) - carried)
+    if not_carried:
+        raise StackError(f"not carried by the series: {', '.join(not_carried)}")
+    if not wanted:
+        raise StackError("no carried entry has kernel cases")
+    venv = (args.venv or stack.root / "work" / "venv").absolute()
+    tree = (args.tree or stack.default_work).absolute()
+    py = _check_venv(stack, venv, tree)
+    out = (args.json or stack.root / "work" / f"kernel-stats-sm{args.arch}.json").absolute()
+    argv = [str(py), str(PROBE), "--arch", str(args.arch), "--json", str(out)]
+    for name in wanted:
+        argv += ["--entry", name]
+    # The build venv's vLLM on a CPU box: CUDA_VISIBLE_DEVICES="" makes
+    # vllm.triton_utils hand out the real triton module with no active driver.
+    env = test_env(dict(os.environ), stack.root / "work" / "hf-home", interpret=False)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    hfcache.materialize(stack.root / "work" / "hf-home")
+    print(f"$ cd {tree} && {shlex.join(argv)}", flush=True)
+    return subprocess.run(argv, cwd=tree, env=env).returncode

@@ -1,0 +1,272 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compile the stack's Triton kernels for a GPU architecture on a CPU box.
+
+Run by ``hybrid-stack kernel-stats`` with the build venv's Python, in the
+applied tree (it imports vllm and triton; the module itself imports neither at
+load time, so the tooling tests can import its parser).
+
+A case calls the stack's real launcher with tensors on the ``meta`` device and
+a spy in place of the kernel: the spy records what the launcher would launch
+(arguments, constexprs, warps, stages), and the probe compiles exactly that
+with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``.
+Triton's own ptxas then reports registers, spill bytes and stack per thread
+(``ptxas -v``); shared memory comes from the compiled metadata. Nothing runs.
+
+Integer arguments are given Triton's launch-time specialisation: divisibility
+by 16 where the value has it, pointers 16-byte aligned (what the launcher's
+tensors are). Without that the pipeliner cannot use async copies and the
+shared-memory numbers differ from a GPU build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Largest dynamic shared memory one CTA may use, bytes (CUDA programming
+# guide, "Technical Specifications per Compute Capability"). A kernel that
+# needs more compiles but cannot launch there.
+SMEM_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448,
+              120: 101376}  # fmt: skip
+
+_PTXAS_STACK = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(text: str) -> dict[str, int]:
+    """Registers, spill bytes and stack frame of the one function in the
+    output of ``ptxas -v`` (a ValueError if either line is missing)."""
+    regs = _PTXAS_REGS.findall(text)
+    stack = _PTXAS_STACK.findall(text)
+    if len(regs) != 1 or len(stack) != 1:
+        raise ValueError(f"ptxas -v output names {len(regs)} register lines, expected 1")
+    frame, st, ld = (int(v) for v in stack[0])
+    return {"regs": int(regs[0]), "spill_store_bytes": st, "spill_load_bytes": ld,
+            "stack_bytes": frame}  # fmt: skip
+
+
+class _Spy:
+    """Stands in for a @triton.jit kernel: ``spy[grid](*args, **kwargs)``
+    records the launch instead of running it."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.launches: list[tuple[tuple, dict]] = []
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.launches.append((args, kwargs))
+
+        return launch
+
+
+_TORCH_TO_TRITON = {
+    "torch.bfloat16": "bf16",
+    "torch.float16": "fp16",
+    "torch.float32": "fp32",
+    "torch.int32": "i32",
+    "torch.int64": "i64",
+}
+
+
+def _signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, dict]:
+    """(signature, constexprs, attrs, options) for ASTSource from one recorded
+    launch."""
+    import torch
+
+    names = [p.name for p in kernel.params]
+    values = dict(zip(names, args))
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
+    values.update(kwargs)
+    sig: dict[str, str] = {}
+    constexprs: dict[tuple[int, ...], Any] = {}
+    attrs: dict[tuple[int, ...], list] = {}
+    for i, p in enumerate(kernel.params):
+        v = values.get(p.name, p.default)
+        annotation = str(getattr(p, "annotation", "") or "")
+        if p.is_constexpr or v is None:
+            sig[p.name] = "constexpr"
+            constexprs[(i,)] = v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = "*" + _TORCH_TO_TRITON[str(v.dtype)]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            wide = "int64" in annotation or not -(2**31) <= v < 2**31
+            sig[p.name] = "i64" if wide else "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"argument {p.name}: cannot type {type(v).__name__}")
+    return sig, constexprs, attrs, options
+
+
+def compile_launch(kernel: Any, args: tuple, kwargs: dict, arch: int) -> dict[str, Any]:
+    """Compile one recorded launch for sm_<arch>; its resource usage."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig, constexprs, attrs, options = _signature(kernel, args, dict(kwargs))
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    t0 = time.monotonic()
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    suffix = "a" if arch >= 90 else ""
+    with _tmp_ptx(compiled.asm["ptx"]) as ptx:
+        out = subprocess.run(
+            [str(ptxas), f"-arch=sm_{arch}{suffix}", "-v", str(ptx), "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    usage = parse_ptxas(out.stdout + out.stderr)
+    usage["smem_bytes"] = int(compiled.metadata.shared)
+    usage["num_warps"] = int(compiled.metadata.num_warps)
+    usage["num_stages"] = int(compiled.metadata.num_stages)
+    usage["compile_s"] = round(time.monotonic() - t0, 1)
+    limit = SMEM_LIMIT.get(arch)
+    if limit is not None and usage["smem_bytes"] > limit:
+        raise RuntimeError(
+            f"needs {usage['smem_bytes']} bytes of shared memory per program; "
+            f"sm_{arch} allows {limit}: it would not launch there"
+        )
+    return usage
+
+
+class _tmp_ptx:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        fd, name = tempfile.mkstemp(suffix=".ptx")
+        with open(fd, "w") as f:
+            f.write(self.text)
+        self.path = Path(name)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------
+# Cases: one function per series entry that carries Triton kernels. Each
+# yields (case name, kernel, launch args, launch kwargs).
+# ---------------------------------------------------------------------------
+
+
+def _ssd_fused_cases() -> Any:
+    import torch
+    from vllm.model_executor.layers.mamba.ops import ssd_fused
+
+    meta = "meta"
+
+    def launch(name: str, *, heads: int, groups: int, chunk: int, dtype: torch.dtype,
+               seqs: int = 2, tokens: int = 4096, z: bool = False, d_dim: bool = False,
+               init: bool = False, inter: bool = False) -> Any:  # fmt: skip
+        hd, ds = 64, 128
+        nchunks = seqs * math.ceil(tokens / seqs / chunk)
+
+        def t(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+            return torch.empty(*shape, device=meta, dtype=dt)
+
+        i32 = torch.int32
+        spy = _Spy(ssd_fused._ssd_fused_varlen_kernel)
+        real = ssd_fused._ssd_fused_varlen_kernel
+        ssd_fused._ssd_fused_varlen_kernel = spy
+        try:
+            ssd_fused._mamba_chunk_scan_fused_fwd(
+                t(tokens, heads, hd), t(tokens, heads), t(heads, dt=torch.float32),
+                t(tokens, groups, ds), t(tokens, groups, ds), chunk,
+                t(seqs + 1, dt=i32), t(nchunks + 1, dt=i32), t(seqs, dt=i32),
+                t(nchunks, dt=i32), t(tokens, heads, hd),
+                D=t(heads, hd, dt=torch.float32) if d_dim else t(heads, dt=torch.float32),
+                z=t(tokens, heads, hd) if z else None,
+                dt_bias=t(heads, dt=torch.float32),
+                initial_states=t(seqs, heads, hd, ds, dt=torch.float32) if init else None,
+                dt_softplus=True,
+                return_intermediate_states=inter,
+                state_dtype=torch.float32,
+                final_states_out=None if inter else t(8, heads, hd, ds, dt=torch.float32),
+                final_state_indices=None if inter else t(seqs, dt=i32),
+            )  # fmt: skip
+        finally:
+            ssd_fused._ssd_fused_varlen_kernel = real
+        ((args, kwargs),) = spy.launches
+        return name, real, args, kwargs
+
+    bf16 = torch.bfloat16
+    yield launch("granite-small bf16 c256", heads=128, groups=1, chunk=256, dtype=bf16)  # fmt: skip
+    yield launch("granite-small bf16 c256 init+inter", heads=128, groups=1, chunk=256,
+                 dtype=bf16, init=True, inter=True)  # fmt: skip
+    yield launch("nemotron-h bf16 c128 g8", heads=128, groups=8, chunk=128, dtype=bf16)  # fmt: skip
+    yield launch("fp32 c256 g2 z D(dim) init", heads=8, groups=2, chunk=256,
+                 dtype=torch.float32, z=True, d_dim=True, init=True)  # fmt: skip
+
+
+CASES: dict[str, Callable[[], Any]] = {
+    "mamba2-ssd-fused-prefill": _ssd_fused_cases,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--entry", action="append", default=[], help="default: all")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import triton
+
+    entries = args.entry or list(CASES)
+    unknown = sorted(set(entries) - set(CASES))
+    if unknown:
+        print(f"no kernel cases for {', '.join(unknown)}; known: {', '.join(CASES)}")
+        return 2
+    rows: list[dict[str, Any]] = []
+    failed = 0
+    head = f"{'entry: case':60} {'regs':>4} {'spill st/ld':>11} {'smem':>7} {'warps':>5} {'s':>5}"
+    print(f"sm_{args.arch}, triton {triton.__version__} (compiled on the CPU, nothing run)")
+    print(head)
+    for entry in entries:
+        for name, kernel, kargs, kkwargs in CASES[entry]():
+            label = f"{entry}: {name}"
+            try:
+                usage = compile_launch(kernel, kargs, kkwargs, args.arch)
+            except Exception as e:  # one clear line per failing case, then go on
+                failed += 1
+                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                print(f"{label:60} FAILED: {type(e).__name__}: {msg[:200]}")
+                rows.append({"entry": entry, "case": name, "error": f"{type(e).__name__}: {e}"})
+                continue
+            rows.append({"entry": entry, "case": name, "kernel": kernel.fn.__name__, **usage})
+            spills = f"{usage['spill_store_bytes']}/{usage['spill_load_bytes']}"
+            print(f"{label:60} {usage['regs']:>4} {spills:>11} {usage['smem_bytes']:>7} "
+                  f"{usage['num_warps']:>5} {usage['compile_s']:>5}")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps({"arch": args.arch, "triton": triton.__version__, "rows": rows}, indent=1)
+            + "\n"
+        )
+    print(f"kernel-stats: {len(rows) - failed} compiled, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

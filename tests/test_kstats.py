@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`hybrid-stack kernel-stats`: the ptxas parser, argument errors, and (with
+work/venv) real sm_90 / sm_89 compiles of the fused SSD kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid_stack.kstats_probe import SMEM_LIMIT, parse_ptxas
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = REPO / "work" / "venv"
+
+PTXAS_SAMPLE = """\
+ptxas info    : 11 bytes gmem
+ptxas info    : Compiling entry function '_ssd_fused_varlen_kernel' for 'sm_90a'
+ptxas info    : Function properties for _ssd_fused_varlen_kernel
+    152 bytes stack frame, 220 bytes spill stores, 264 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 152 bytes cumulative stack size
+"""
+
+
+def test_parse_ptxas_reads_registers_spills_and_stack() -> None:
+    assert parse_ptxas(PTXAS_SAMPLE) == {
+        "regs": 255,
+        "spill_store_bytes": 220,
+        "spill_load_bytes": 264,
+        "stack_bytes": 152,
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        PTXAS_SAMPLE.replace("Used 255 registers", "Used registers"),
+        PTXAS_SAMPLE + PTXAS_SAMPLE,  # two functions: ambiguous
+    ],
+)
+def test_parse_ptxas_rejects_output_it_cannot_read(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_ptxas(text)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid_stack.cli", "--root", str(REPO), "kernel-stats", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_unknown_entry_is_one_clear_error() -> None:
+    p = _cli("--entry", "no-such-entry")
+    assert p.returncode == 2
+    assert "no kernel cases for no-such-entry" in p.stderr
+
+
+needs_venv = pytest.mark.skipif(
+    not (VENV / "bin" / "python").exists(),
+    reason="needs work/venv: run 'hybrid-stack build' first (CI does)",
+)
+
+
+@pytest.mark.venv
+@needs_venv
+def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
+    out = tmp_path / "ks.json"
+    p = _cli("--json", str(out))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["arch"] == 90
+    rows = data["rows"]
+    assert len(rows) == 4 and not any("error" in r for r in rows)
+    for r in rows:
+        assert r["entry"] == "mamba2-ssd-fused-prefill"
+        assert r["kernel"] == "_ssd_fused_varlen_kernel"
+        assert 0 < r["regs"] <= 255
+        assert 0 < r["smem_bytes"] <= SMEM_LIMIT[90]
+        assert r["num_warps"] == 4
+
+
+@pytest.mark.venv
+@needs_venv
+def test_shared_memory_over_the_arch_limit_fails_the_case(tmp_path: Path) -> None:
+    """sm_89 gives a program 99 KiB: the fp32 case (BLOCK_KB 256 of fp32 B and
+    x tiles) needs more, the bf16 cases fit. The command fails and says why."""
+    out = tmp_path / "ks.json"
+    p = _cli("--arch", "89", "--json", str(out))
+    assert p.returncode == 1, p.stdout[-3000:]
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    bad = [name for name, r in rows.items() if "error" in r]
+    assert bad and all(name.startswith("fp32") for name in bad), rows
+    assert "sm_89 allows 101376" in rows[bad[0]]["error"]
+    assert all(r["smem_bytes"] <= SMEM_LIMIT[89] for r in rows.values() if "error" not in r)
+    assert "kernel-stats: 3 compiled, 1 failed" in p.stdout
