@@ -18,10 +18,10 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from hybrid_stack import hfcache, kstats_probe
+from hybrid_stack import kstats_probe
 from hybrid_stack.errors import StackError
 from hybrid_stack.stack import load_stack
-from hybrid_stack.testcmd import _check_venv, test_env
+from hybrid_stack.testcmd import _check_venv, test_env, venv_and_tree
 
 PROBE = Path(kstats_probe.__file__)
 
@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise StackError(f"not carried by the series: {', '.join(not_carried)}")
     if not wanted:
         raise StackError("no carried entry has kernel cases")
-    venv = (args.venv or stack.root / "work" / "venv").absolute()
-    tree = (args.tree or stack.default_work).absolute()
+    venv, tree = venv_and_tree(stack, args)
     py = _check_venv(stack, venv, tree)
     out = (args.json or stack.root / "work" / f"kernel-stats-sm{args.arch}.json").absolute()
     argv = [str(py), str(PROBE), "--arch", str(args.arch), "--json", str(out)]
@@ -69,6 +68,5 @@ def run(args: argparse.Namespace) -> int:
     # vllm.triton_utils hand out the real triton module with no active driver.
     env = test_env(dict(os.environ), stack.root / "work" / "hf-home", interpret=False)
     env["CUDA_VISIBLE_DEVICES"] = ""
-    hfcache.materialize(stack.root / "work" / "hf-home")
     print(f"$ cd {tree} && {shlex.join(argv)}", flush=True)
     return subprocess.run(argv, cwd=tree, env=env).returncode

@@ -26,6 +26,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +50,10 @@ def parse_ptxas(text: str) -> dict[str, int]:
     regs = _PTXAS_REGS.findall(text)
     stack = _PTXAS_STACK.findall(text)
     if len(regs) != 1 or len(stack) != 1:
-        raise ValueError(f"ptxas -v output names {len(regs)} register lines, expected 1")
+        raise ValueError(
+            f"ptxas -v output has {len(regs)} register and {len(stack)} stack-frame "
+            "lines, expected one of each"
+        )
     frame, st, ld = (int(v) for v in stack[0])
     return {"regs": int(regs[0]), "spill_store_bytes": st, "spill_load_bytes": ld,
             "stack_bytes": frame}  # fmt: skip
@@ -59,8 +63,7 @@ class _Spy:
     """Stands in for a @triton.jit kernel: ``spy[grid](*args, **kwargs)``
     records the launch instead of running it."""
 
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
+    def __init__(self) -> None:
         self.launches: list[tuple[tuple, dict]] = []
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
@@ -126,9 +129,11 @@ def compile_launch(kernel: Any, args: tuple, kwargs: dict, arch: int) -> dict[st
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     suffix = "a" if arch >= 90 else ""
-    with _tmp_ptx(compiled.asm["ptx"]) as ptx:
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
         out = subprocess.run(
-            [str(ptxas), f"-arch=sm_{arch}{suffix}", "-v", str(ptx), "-o", "/dev/null"],
+            [str(ptxas), f"-arch=sm_{arch}{suffix}", "-v", ptx.name, "-o", "/dev/null"],
             capture_output=True,
             text=True,
             check=True,
@@ -145,23 +150,6 @@ def compile_launch(kernel: Any, args: tuple, kwargs: dict, arch: int) -> dict[st
             f"sm_{arch} allows {limit}: it would not launch there"
         )
     return usage
-
-
-class _tmp_ptx:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __enter__(self) -> Path:
-        import tempfile
-
-        fd, name = tempfile.mkstemp(suffix=".ptx")
-        with open(fd, "w") as f:
-            f.write(self.text)
-        self.path = Path(name)
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        self.path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------
@@ -186,7 +174,7 @@ def _ssd_fused_cases() -> Any:
             return torch.empty(*shape, device=meta, dtype=dt)
 
         i32 = torch.int32
-        spy = _Spy(ssd_fused._ssd_fused_varlen_kernel)
+        spy = _Spy()
         real = ssd_fused._ssd_fused_varlen_kernel
         ssd_fused._ssd_fused_varlen_kernel = spy
         try:

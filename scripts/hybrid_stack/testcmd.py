@@ -429,9 +429,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _paths(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path, Path]:
+def venv_and_tree(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path]:
+    """--venv and --tree with their defaults (work/venv, the work tree)."""
     venv = (args.venv or stack.root / "work" / "venv").absolute()
     tree = (args.tree or stack.default_work).absolute()
+    return venv, tree
+
+
+def _paths(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    venv, tree = venv_and_tree(stack, args)
     config = (args.config or stack.root / DEFAULT_CONFIG).absolute()
     return venv, tree, config
 
