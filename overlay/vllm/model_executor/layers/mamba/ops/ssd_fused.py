@@ -44,7 +44,8 @@ from vllm.triton_utils import tl, triton
 #   A. dt -> softplus(dt + dt_bias) clamped to dt_limit, dA = dt * A[h]; the
 #      chunk's total decay dA_tot = sum(dA) (all in registers, fp32).
 #   B. the chunk-local state  S_loc[p, n] = sum_t x[t, p] * B[t, n] * dt[t]
-#      * exp(dA_tot - cumsum(dA)[t])  (tensor-core dots over BLOCK_KB rows).
+#      * exp(dA_tot - cumsum(dA)[t])  (tensor-core dots over BLOCK_KB rows;
+#      one step together with A when BLOCK_KB == CHUNK_SIZE).
 #   C. the state entering the chunk, S_prev: the initial state of the
 #      sequence (or zero) if c starts a sequence, else the state published by
 #      the program of (c - 1, hb).  S_end = exp(dA_tot) * S_prev + S_loc is
@@ -89,6 +90,16 @@ from vllm.triton_utils import tl, triton
 # num_stages=2 for the whole kernel (see _launch_config); compare
 # ssd_chunk_scan._drop_racy_wgmma_configs.  The interpreter test runs
 # both stage counts; the GPU tests run the default.
+#
+# dt latency.  dt is a strided 2-byte gather (one element per token and
+# head), which the pipeliner's asynchronous copies do not cover; loaded where
+# it is used, its global-memory latency was the largest single stall of the
+# kernel (ncu warp-state sampling on H200, granite dims, 16k tokens: 9.5% of
+# all samples on the instructions waiting for it).  A and B are therefore one
+# step when BLOCK_KB == CHUNK_SIZE (dt, x and B requested together, dt loaded
+# once), and the output pass requests the next row block's dt one iteration
+# ahead.  Measured (same dims, ms per call at 16k / 256k tokens): 1.04 / 16.1
+# before, 0.96 / 14.9 after.
 
 # Memory ordering.  Publisher: every thread stores its part of S_end (st to
 # global), then a CTA barrier (bar.sync orders the stores of all threads
@@ -102,22 +113,25 @@ from vllm.triton_utils import tl, triton
 
 
 @triton.jit
-def _dt_block(
-    dt_ptr,
+def _dt_load(dt_ptr, offs_t, clen, stride_dt_seqlen):
+    """Raw dt (fp32) of rows offs_t of the chunk; 0 beyond clen."""
+    return tl.load(
+        dt_ptr + offs_t * stride_dt_seqlen, mask=offs_t < clen, other=0.0
+    ).to(tl.float32)
+
+
+@triton.jit
+def _dt_process(
+    dt,
+    valid,
     dt_bias,
-    offs_t,
-    clen,
-    stride_dt_seqlen,
     dt_min,
     dt_max,
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
 ):
-    """Processed dt (fp32) for rows offs_t of the chunk; 0 beyond clen."""
-    valid = offs_t < clen
-    dt = tl.load(dt_ptr + offs_t * stride_dt_seqlen, mask=valid, other=0.0).to(
-        tl.float32
-    )
+    """Processed dt: clamp(softplus?(dt + dt_bias), dt_min, dt_max), 0 where
+    not valid."""
     if HAS_DT_BIAS:
         dt += dt_bias
     if DT_SOFTPLUS:
@@ -239,42 +253,64 @@ def _ssd_fused_varlen_kernel(
     else:
         dt_bias = 0.0
 
-    # ---- A: total decay of the chunk --------------------------------------
+    # ---- A + B: total decay and chunk-local state -------------------------
     offs_c = tl.arange(0, CHUNK_SIZE)
-    dt_all = _dt_block(
-        dt_base, dt_bias, offs_c, clen, stride_dt_t, dt_min, dt_max,
-        HAS_DT_BIAS, DT_SOFTPLUS,
-    )  # fmt: skip
-    dA_tot = tl.sum(dt_all * A, axis=0)
-
-    # ---- B: chunk-local state ---------------------------------------------
-    s_loc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    base = 0.0
-    offs_kb = tl.arange(0, BLOCK_KB)
-    for k0 in range(0, clen, BLOCK_KB):
-        rows = k0 + offs_kb
-        mask_t = rows < clen
-        dt_m = _dt_block(
-            dt_base, dt_bias, rows, clen, stride_dt_t, dt_min, dt_max,
-            HAS_DT_BIAS, DT_SOFTPLUS,
+    if BLOCK_KB == CHUNK_SIZE:
+        # One step (the tuned configuration): the x and B tiles and dt are
+        # requested together and dt is loaded once for both A and B.
+        mask_c = offs_c < clen
+        b_c = tl.load(
+            B_base + offs_c[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
+            mask=mask_c[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        x_c = tl.load(
+            x_base + offs_c[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
+            mask=mask_c[:, None] & mask_p[None, :],
+            other=0.0,
+        )
+        dt_all = _dt_process(
+            _dt_load(dt_base, offs_c, clen, stride_dt_t), mask_c, dt_bias,
+            dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
         )  # fmt: skip
-        dA_m = dt_m * A
-        cs_m = base + tl.cumsum(dA_m, axis=0)
-        w = dt_m * fast_exp(tl.minimum(dA_tot - cs_m, 0.0))
-        b = tl.load(
-            B_base + rows[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
-            mask=mask_t[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-        x = tl.load(
-            x_base + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
-            mask=mask_t[:, None] & mask_p[None, :],
-            other=0.0,
-        )
+        dA_all = dt_all * A
+        dA_tot = tl.sum(dA_all, axis=0)
+        w_c = dt_all * fast_exp(tl.minimum(dA_tot - tl.cumsum(dA_all, axis=0), 0.0))
         # Scale x, not B (see "Operands and pipelining" above).
-        xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
-        s_loc += tl.dot(tl.trans(xw), b)
-        base = base + tl.sum(dA_m, axis=0)
+        xw_c = (x_c.to(tl.float32) * w_c[:, None]).to(x_c.dtype)
+        s_loc = tl.dot(tl.trans(xw_c), b_c)
+    else:
+        dt_all = _dt_process(
+            _dt_load(dt_base, offs_c, clen, stride_dt_t), offs_c < clen, dt_bias,
+            dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
+        )  # fmt: skip
+        dA_tot = tl.sum(dt_all * A, axis=0)
+        s_loc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+        base = 0.0
+        offs_kb = tl.arange(0, BLOCK_KB)
+        for k0 in range(0, clen, BLOCK_KB):
+            rows = k0 + offs_kb
+            mask_t = rows < clen
+            dt_m = _dt_process(
+                _dt_load(dt_base, rows, clen, stride_dt_t), mask_t, dt_bias,
+                dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
+            )  # fmt: skip
+            dA_m = dt_m * A
+            cs_m = base + tl.cumsum(dA_m, axis=0)
+            w = dt_m * fast_exp(tl.minimum(dA_tot - cs_m, 0.0))
+            b = tl.load(
+                B_base + rows[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
+                mask=mask_t[:, None] & mask_n[None, :],
+                other=0.0,
+            )
+            x = tl.load(
+                x_base + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
+                mask=mask_t[:, None] & mask_p[None, :],
+                other=0.0,
+            )
+            xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
+            s_loc += tl.dot(tl.trans(xw), b)
+            base = base + tl.sum(dA_m, axis=0)
 
     # ---- C: state passing ---------------------------------------------------
     state_offs = offs_p[:, None] * dstate + offs_n[None, :]
@@ -351,13 +387,17 @@ def _ssd_fused_varlen_kernel(
         else:
             Dv = tl.load(D_ptr + h * stride_D_h).to(tl.float32)
     s_run = s_prev
+    # dt of the next row block is requested one iteration ahead (a strided
+    # 2-byte gather, which the pipeliner's asynchronous copies do not cover).
+    dt_next = _dt_load(dt_base, offs_m, clen, stride_dt_t)
     for m0 in tl.range(0, clen, BLOCK_M, num_stages=OUT_STAGES):
         rows = m0 + offs_m
         mask_t = rows < clen
-        dt_m = _dt_block(
-            dt_base, dt_bias, rows, clen, stride_dt_t, dt_min, dt_max,
-            HAS_DT_BIAS, DT_SOFTPLUS,
-        )  # fmt: skip
+        dt_raw = dt_next
+        dt_next = _dt_load(dt_base, rows + BLOCK_M, clen, stride_dt_t)
+        dt_m = _dt_process(
+            dt_raw, mask_t, dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS
+        )
         dA_m = dt_m * A
         cs_rel = tl.cumsum(dA_m, axis=0)  # cumsum(dA)[t] - base
         b = tl.load(
