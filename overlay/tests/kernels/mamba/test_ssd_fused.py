@@ -468,20 +468,24 @@ def test_select_mamba_chunk_scan_varlen():
 
 
 @pytest.mark.parametrize(
-    "tokens,heads,expect",
+    "band,tokens,heads,expect",
     [
-        (1024, 128, "fused"),
-        (4096, 128, "fused"),
-        (4097, 128, "chain"),
-        (16384, 128, "chain"),
-        (65535, 128, "chain"),
-        (65536, 128, "fused"),
-        (262144, 80, "fused"),
+        (None, 1024, 128, "fused"),
+        (None, 16384, 128, "fused"),
+        (None, 262144, 80, "fused"),
+        ((1 << 19, 1 << 23), 1024, 128, "fused"),
+        ((1 << 19, 1 << 23), 4096, 128, "fused"),
+        ((1 << 19, 1 << 23), 4097, 128, "chain"),
+        ((1 << 19, 1 << 23), 16384, 128, "chain"),
+        ((1 << 19, 1 << 23), 65535, 128, "chain"),
+        ((1 << 19, 1 << 23), 65536, 128, "fused"),
     ],
 )
-def test_auto_picks_by_token_heads(monkeypatch, tokens, heads, expect):
-    """The "auto" mode runs the chain inside ssd_fused.FUSED_AUTO_CHAIN_BAND (token x
-    head pairs) and the fused kernel outside it, passing all arguments on."""
+def test_auto_picks_by_token_heads(monkeypatch, band, tokens, heads, expect):
+    """The "auto" mode runs the chain strictly inside
+    ssd_fused.FUSED_AUTO_CHAIN_BAND (token x head pairs; None = no band) and
+    the fused kernel elsewhere, passing all arguments on."""
+    monkeypatch.setattr(ssd_fused, "FUSED_AUTO_CHAIN_BAND", band)
     calls = []
     for name in ("mamba_chunk_scan_combined_varlen", "mamba_chunk_scan_fused_varlen"):
         monkeypatch.setattr(

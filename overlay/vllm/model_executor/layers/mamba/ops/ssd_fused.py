@@ -456,9 +456,11 @@ def _ssd_fused_varlen_kernel(
             s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(xw), b)
 
 
-# Per-device cache of the launch configuration override (tests and benchmarks
-# set it through _set_launch_config).
+# Launch configuration override (tests and benchmarks set it through
+# _set_launch_config) and the per-shape launch parameters derived from the
+# configuration (cached: this is host time on every prefill).
 _LAUNCH_OVERRIDE: dict[str, int] = {}
+_LAUNCH_PARAMS: dict[tuple[int, int, int, torch.dtype], dict[str, int]] = {}
 
 
 def _launch_config(
@@ -469,7 +471,8 @@ def _launch_config(
         # Rows per step of the output pass (D) and of the state pass (B).
         # Measured on H200 (granite-4.0-h-small dims, 16k tokens, one
         # sequence; ms per call, before the output loop was pipelined;
-        # pipelined, BLOCK_KB 128 and 256 measure the same, 1.04 and 1.03):
+        # pipelined and with dt loaded once for A and B, BLOCK_KB 256 0.95,
+        # 128 1.02):
         # BLOCK_M/BLOCK_KB/BLOCK_P/warps
         # 64/256/64/4 1.11, 64/64/64/4 1.15, 64/64/64/8 1.77,
         # 64/64/32/4 1.88, 32/64/64/4 3.30. Every choice needs about 255
@@ -495,6 +498,38 @@ def _set_launch_config(**kwargs: int) -> None:
     to reset."""
     _LAUNCH_OVERRIDE.clear()
     _LAUNCH_OVERRIDE.update(kwargs)
+    _LAUNCH_PARAMS.clear()
+
+
+def _launch_params(
+    chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype
+) -> dict[str, int]:
+    """Block sizes and compile options of one shape (the kernel's meta
+    arguments that depend on the shape only), cached per shape: deriving them
+    on every call (triton.cdiv / next_power_of_2 are constexpr functions) was
+    a measurable part of the host time of a 1k-token prefill (H200 host: 93 us
+    per call before, 77 us after; the Triton launch itself is about 40)."""
+    key = (chunk_size, headdim, dstate, dtype)
+    params = _LAUNCH_PARAMS.get(key)
+    if params is None:
+        cfg = _launch_config(chunk_size, headdim, dstate, dtype)
+        params = {
+            "CHUNK_SIZE": chunk_size,
+            "BLOCK_M": cfg["BLOCK_M"],
+            "BLOCK_KB": cfg["BLOCK_KB"],
+            "OUT_STAGES": cfg["OUT_STAGES"],
+            "BLOCK_P": cfg["BLOCK_P"],
+            "BLOCK_N": max(16, triton.next_power_of_2(dstate)),
+            "NUM_P_BLOCKS": triton.cdiv(headdim, cfg["BLOCK_P"]),
+            "num_warps": cfg["num_warps"],
+            "num_stages": cfg["num_stages"],
+        }
+        _LAUNCH_PARAMS[key] = params
+    return params
+
+
+def _strides(t: torch.Tensor | None, n: int) -> tuple[int, ...]:
+    return t.stride() if t is not None else (0,) * n
 
 
 def mamba_chunk_scan_fused_varlen(
@@ -657,11 +692,8 @@ def _mamba_chunk_scan_fused_fwd(
             )
         )
 
-    cfg = _launch_config(chunk_size, headdim, dstate, x.dtype)
-    block_p = cfg["BLOCK_P"]
-    num_p_blocks = triton.cdiv(headdim, block_p)
-    nhb = nheads * num_p_blocks
-    n_items = nchunks * nhb
+    params = _launch_params(chunk_size, headdim, dstate, x.dtype)
+    n_items = nchunks * nheads * params["NUM_P_BLOCKS"]
 
     ws = torch.empty(
         (nchunks, nheads, headdim, dstate), device=device, dtype=torch.float32
@@ -683,37 +715,18 @@ def _mamba_chunk_scan_fused_fwd(
     else:
         final = None
 
-    def _s(t: torch.Tensor | None, n: int) -> tuple[int, ...]:
-        return tuple(t.stride()) if t is not None else (0,) * n
-
-    z_s = _s(z, 3)
-    init_s = _s(initial_states, 4)
-    inter_s = _s(inter, 4)
-    final_s = _s(final, 4)
     _ssd_fused_varlen_kernel[(n_items,)](
         x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
         final, final_state_indices, cu_chunk_seqlens, seq_idx,
         last_chunk_indices,
         float(dt_limit[0]), float(dt_limit[1]),
         nheads, headdim, dstate, nheads // ngroups,
-        x.stride(0), x.stride(1), x.stride(2),
-        dt.stride(0), dt.stride(1),
-        B.stride(0), B.stride(1), B.stride(2),
-        C.stride(0), C.stride(1), C.stride(2),
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
         D.stride(0) if D is not None else 0,
-        z_s[0], z_s[1], z_s[2],
-        out.stride(0), out.stride(1), out.stride(2),
-        init_s[0], init_s[1], init_s[2], init_s[3],
-        inter_s[0], inter_s[1], inter_s[2], inter_s[3],
-        final_s[0], final_s[1], final_s[2], final_s[3],
+        *_strides(z, 3), *out.stride(),
+        *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
         final_state_indices.stride(0) if final_state_indices is not None else 0,
-        CHUNK_SIZE=chunk_size,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_KB=cfg["BLOCK_KB"],
-        OUT_STAGES=cfg["OUT_STAGES"],
-        BLOCK_P=block_p,
-        BLOCK_N=max(16, triton.next_power_of_2(dstate)),
-        NUM_P_BLOCKS=num_p_blocks,
+        **params,
         HAS_D=D is not None,
         D_HAS_HDIM=D is not None and D.dim() == 2,
         HAS_Z=z is not None,
@@ -723,8 +736,6 @@ def _mamba_chunk_scan_fused_fwd(
         WRITE_INTER=return_intermediate_states,
         WRITE_FINAL=write_final,
         FINAL_HAS_INDICES=final_states_out is not None,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
     )  # fmt: skip
 
     if return_intermediate_states:
@@ -734,14 +745,17 @@ def _mamba_chunk_scan_fused_fwd(
     return final
 
 
-# "auto" runs the chain for token x head counts in
-# (FUSED_AUTO_CHAIN_BAND[0], FUSED_AUTO_CHAIN_BAND[1]) and the fused kernel
-# outside that band.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
-# headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
-# chain: 2.2-3.9x at 1k tokens (80-128 heads, host launch cost dominates
-# both), 1.12-1.56x at 4k x 128 heads, 0.93-1.03x at 16k tokens (the chain's
-# best size), 1.18x at 64k x 128 heads and 1.10-1.23x at 256k tokens.
-FUSED_AUTO_CHAIN_BAND = (1 << 19, 1 << 23)
+# "auto" runs the chain for token x head counts strictly inside
+# FUSED_AUTO_CHAIN_BAND = (lo, hi), where the chain measured faster, and the
+# fused kernel everywhere else; None means the fused kernel measured at least
+# as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
+# headdim 64, dstate 128; two runs, results/ssd_prefill-h200.md of the stack),
+# fused vs chain: 2.5-6.7x at 1k tokens (80-128 heads; host launch cost,
+# about 0.9-1.1x in GPU time), 1.33-2.07x at 4k x 128 heads, 1.00-1.09x at
+# 16k tokens (the chain's best size), 1.24-1.28x at 64k x 128 heads and
+# 1.18-1.34x at 256k tokens.  (Before dt was loaded once per chunk the chain
+# won at 16k and the band was (2**19, 2**23).)
+FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 
 
 def mamba_chunk_scan_auto_varlen(
@@ -750,8 +764,8 @@ def mamba_chunk_scan_auto_varlen(
     """The faster of the two implementations for this prefill size, by the
     measurement above (``MambaConfig.ssd_prefill = "auto"``); same contract
     as both."""
-    lo, hi = FUSED_AUTO_CHAIN_BAND
-    if lo < x.shape[0] * x.shape[1] < hi:
+    band = FUSED_AUTO_CHAIN_BAND
+    if band is not None and band[0] < x.shape[0] * x.shape[1] < band[1]:
         return mamba_chunk_scan_combined_varlen(x, *args, **kwargs)
     return mamba_chunk_scan_fused_varlen(x, *args, **kwargs)
 
@@ -769,7 +783,7 @@ def select_mamba_chunk_scan_varlen(
     """Return the SSD prefill entry point for ``MambaConfig.ssd_prefill``:
     ``"chain"`` (upstream five-kernel chain), ``"fused"`` (this module's
     single launch, always) or ``"auto"`` (the chain inside
-    ``FUSED_AUTO_CHAIN_BAND`` token x head pairs, fused outside it)."""
+    ``FUSED_AUTO_CHAIN_BAND`` token x head pairs, if set, fused elsewhere)."""
     try:
         return SSD_PREFILL_IMPLS[impl]
     except KeyError:
