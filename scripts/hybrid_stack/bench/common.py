@@ -124,6 +124,47 @@ class Timer:
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
 
+    def graph_ms(self, fn: Callable[[], Any], *, replays: int = 100) -> float:
+        """GPU time of one ``fn()`` call with no host launch cost: the call is
+        captured once in a CUDA graph (after warm-up on a side stream) and the
+        graph replayed ``replays`` times between two CUDA events. One input
+        set, so small cases run from L2."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / replays
+
+    def host_ms(self, fn: Callable[[], Any], *, calls: int = 300) -> float:
+        """Host time of one ``fn()`` call: ``calls`` calls issued without
+        synchronizing, wall clock over ``calls``. Meaningful while the GPU
+        drains the launches faster than the host issues them (small cases)."""
+        torch = self.torch
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return elapsed * 1e3 / calls
+
 
 def make_row(
     case: dict[str, Any],

@@ -15,12 +15,16 @@ Cases: total tokens as 1 and as 8 sequences, for granite-4.0-h-small dims
 128, 1 group, chunk 256) and Nemotron-H-8B (128 x 64, dstate 128, 8 groups,
 chunk 128). Metrics: tokens/s (the row metric) and an estimated TFLOP/s:
 per token 2*L*N*G (C.B^T) + 2*L*P*H (intra-chunk scan) + 4*N*P*H (chunk
-states and their contribution to the output), L = chunk size.
+states and their contribution to the output), L = chunk size. Up to
+``--split-max-tokens`` tokens, where host launch cost can bound a call, each row
+also splits the time of one call into host time (``*_host_ms``: calls issued
+without synchronizing) and GPU time (``*_graph_ms``: CUDA-graph replay).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from typing import Any
 
@@ -131,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     common.add_output_args(parser)
     parser.add_argument("--dims", nargs="*", default=list(DIMS), choices=list(DIMS))
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument(
+        "--split-max-tokens",
+        type=int,
+        default=4096,
+        help="host / GPU time split for cases up to this many tokens (0: none)",
+    )
     args = parser.parse_args(argv)
     import torch
     from vllm.model_executor.layers.mamba.ops.ssd_combined import (
@@ -175,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
                     val_ms = timer.median_ms(
                         lambda i, s=sets: s[i % len(s)].run(fused_fn), reps=reps
                     )
+                if tokens <= args.split_max_tokens:
+                    for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
+                        if fn is not None:
+                            call = functools.partial(sets[0].run, fn)
+                            extra[f"{side}_host_ms"] = timer.host_ms(call)
+                            extra[f"{side}_graph_ms"] = timer.graph_ms(call)
                 base_tps = tokens / (base_ms * 1e-3)
                 val_tps = tokens / (val_ms * 1e-3)
                 fpt = flops_per_token(d)
@@ -209,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             "tflops": "estimated: 2LNG + 2LPH + 4NPH flop per token",
             "inputs": "bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, no z, no "
             "initial states, fp32 final states written to a cache",
+            "split": f"up to {args.split_max_tokens} tokens: *_host_ms = host time per "
+            "call (300 calls issued without synchronizing), *_graph_ms = GPU time "
+            "per call (CUDA-graph replay of one call, inputs L2-resident)",
         },
     )
     common.finish(result, args)
