@@ -100,6 +100,16 @@ from vllm.triton_utils import tl, triton
 # once), and the output pass requests the next row block's dt one iteration
 # ahead.  Measured (same dims, ms per call at 16k / 256k tokens): 1.04 / 16.1
 # before, 0.96 / 14.9 after.
+#
+# Order of the output pass.  Per row block the intra-block dots (C B^T, then
+# x^T times the masked block) come first and the C . S_run dot, the only one
+# that needs the state updated at the end of the previous row block, comes
+# after them.  Triton waits for every wgmma right after issuing it, so the
+# order only changes what the compiler can schedule around the dots, but it
+# is measurable (H200, same inputs, bit-identical outputs; ms per call at
+# 16k / 256k tokens): granite-4.0-h-small dims 0.958 / 14.86 with C . S_run
+# first, 0.865 / 13.36 with it after the intra-block dots; Nemotron-H dims
+# (8 groups, chunk 128) 1.128 / 17.76 and 1.053 / 16.53.
 
 # Memory ordering.  Publisher: every thread stores its part of S_end (st to
 # global), then a CTA barrier (bar.sync orders the stores of all threads
@@ -415,17 +425,18 @@ def _ssd_fused_varlen_kernel(
             mask=mask_t[:, None] & mask_p[None, :],
             other=0.0,
         )
-        # inter-block part: C_i . S_run, decayed from the block start
-        acc = tl.dot(cm, tl.trans(s_run).to(cm.dtype))
-        acc = acc * fast_exp(cs_rel)[:, None]
-        # intra-block part, transposed: y_intra^T = x^T (L o C B^T)^T with
-        # cbt[j, i] = B_j . C_i, kept for j <= i and scaled by
+        # intra-block part first (it does not depend on S_run; see "Order of
+        # the output pass" above), transposed: y_intra^T = x^T (L o C B^T)^T
+        # with cbt[j, i] = B_j . C_i, kept for j <= i and scaled by
         # exp(cs_i - cs_j) dt_j.
         cbt = tl.dot(b, tl.trans(cm))
         decay_t = fast_exp(tl.minimum(cs_rel[None, :] - cs_rel[:, None], 0.0))
         causal_t = offs_m[:, None] <= offs_m[None, :]
         cbt = tl.where(causal_t, cbt * decay_t * dt_m[:, None], 0.0)
-        acc += tl.trans(tl.dot(tl.trans(x), cbt.to(x.dtype)))
+        intra = tl.trans(tl.dot(tl.trans(x), cbt.to(x.dtype)))
+        # inter-block part: C_i . S_run, decayed from the block start
+        acc = tl.dot(cm, tl.trans(s_run).to(cm.dtype))
+        acc = acc * fast_exp(cs_rel)[:, None] + intra
         if HAS_D:
             if D_HAS_HDIM:
                 acc += x.to(tl.float32) * Dv[None, :]
@@ -749,12 +760,12 @@ def _mamba_chunk_scan_fused_fwd(
 # FUSED_AUTO_CHAIN_BAND = (lo, hi), where the chain measured faster, and the
 # fused kernel everywhere else; None means the fused kernel measured at least
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
-# headdim 64, dstate 128; two runs, results/ssd_prefill-h200.md of the stack),
-# fused vs chain: 2.5-6.7x at 1k tokens (80-128 heads; host launch cost,
-# about 0.9-1.1x in GPU time), 1.33-2.07x at 4k x 128 heads, 1.00-1.09x at
-# 16k tokens (the chain's best size), 1.24-1.28x at 64k x 128 heads and
-# 1.18-1.34x at 256k tokens.  (Before dt was loaded once per chunk the chain
-# won at 16k and the band was (2**19, 2**23).)
+# headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
+# chain: 2.8-5.7x at 1k tokens (80-128 heads; mostly host launch cost,
+# 0.98-1.52x in GPU time), 2.3-2.4x at 4k x 128 heads (1.15-1.17x in GPU
+# time), 1.09-1.17x at 16k tokens (the chain's best size), 1.41-1.42x at 64k
+# x 128 heads and 1.29-1.48x at 256k tokens.  (Before dt was loaded once per
+# chunk the chain won at 16k and the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 
 
