@@ -131,6 +131,17 @@ def _dt_load(dt_ptr, offs_t, clen, stride_dt_seqlen):
 
 
 @triton.jit
+def _load_rows(base, rows, mask_rows, cols, mask_cols, stride_row, stride_col):
+    """Tile base[rows, cols] with the given row / column strides; 0 outside
+    mask_rows x mask_cols."""
+    return tl.load(
+        base + rows[:, None] * stride_row + cols[None, :] * stride_col,
+        mask=mask_rows[:, None] & mask_cols[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def _dt_process(
     dt,
     valid,
@@ -269,16 +280,8 @@ def _ssd_fused_varlen_kernel(
         # One step (the tuned configuration): the x and B tiles and dt are
         # requested together and dt is loaded once for both A and B.
         mask_c = offs_c < clen
-        b_c = tl.load(
-            B_base + offs_c[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
-            mask=mask_c[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-        x_c = tl.load(
-            x_base + offs_c[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
-            mask=mask_c[:, None] & mask_p[None, :],
-            other=0.0,
-        )
+        b_c = _load_rows(B_base, offs_c, mask_c, offs_n, mask_n, stride_B_t, stride_B_n)
+        x_c = _load_rows(x_base, offs_c, mask_c, offs_p, mask_p, stride_x_t, stride_x_p)
         dt_all = _dt_process(
             _dt_load(dt_base, offs_c, clen, stride_dt_t), mask_c, dt_bias,
             dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
@@ -308,16 +311,8 @@ def _ssd_fused_varlen_kernel(
             dA_m = dt_m * A
             cs_m = base + tl.cumsum(dA_m, axis=0)
             w = dt_m * fast_exp(tl.minimum(dA_tot - cs_m, 0.0))
-            b = tl.load(
-                B_base + rows[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
-                mask=mask_t[:, None] & mask_n[None, :],
-                other=0.0,
-            )
-            x = tl.load(
-                x_base + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
-                mask=mask_t[:, None] & mask_p[None, :],
-                other=0.0,
-            )
+            b = _load_rows(B_base, rows, mask_t, offs_n, mask_n, stride_B_t, stride_B_n)
+            x = _load_rows(x_base, rows, mask_t, offs_p, mask_p, stride_x_t, stride_x_p)
             xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
             s_loc += tl.dot(tl.trans(xw), b)
             base = base + tl.sum(dA_m, axis=0)
@@ -410,21 +405,9 @@ def _ssd_fused_varlen_kernel(
         )
         dA_m = dt_m * A
         cs_rel = tl.cumsum(dA_m, axis=0)  # cumsum(dA)[t] - base
-        b = tl.load(
-            B_base + rows[:, None] * stride_B_t + offs_n[None, :] * stride_B_n,
-            mask=mask_t[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-        cm = tl.load(
-            C_base + rows[:, None] * stride_C_t + offs_n[None, :] * stride_C_n,
-            mask=mask_t[:, None] & mask_n[None, :],
-            other=0.0,
-        )
-        x = tl.load(
-            x_base + rows[:, None] * stride_x_t + offs_p[None, :] * stride_x_p,
-            mask=mask_t[:, None] & mask_p[None, :],
-            other=0.0,
-        )
+        b = _load_rows(B_base, rows, mask_t, offs_n, mask_n, stride_B_t, stride_B_n)
+        cm = _load_rows(C_base, rows, mask_t, offs_n, mask_n, stride_C_t, stride_C_n)
+        x = _load_rows(x_base, rows, mask_t, offs_p, mask_p, stride_x_t, stride_x_p)
         # intra-block part first (it does not depend on S_run; see "Order of
         # the output pass" above), transposed: y_intra^T = x^T (L o C B^T)^T
         # with cbt[j, i] = B_j . C_i, kept for j <= i and scaled by
@@ -443,13 +426,9 @@ def _ssd_fused_varlen_kernel(
             else:
                 acc += x.to(tl.float32) * Dv
         if HAS_Z:
-            zv = tl.load(
-                z_ptr
-                + (chunk_start + rows[:, None]) * stride_z_t
-                + h * stride_z_h
-                + offs_p[None, :] * stride_z_p,
-                mask=mask_t[:, None] & mask_p[None, :],
-                other=0.0,
+            z_base = z_ptr + chunk_start * stride_z_t + h * stride_z_h
+            zv = _load_rows(
+                z_base, rows, mask_t, offs_p, mask_p, stride_z_t, stride_z_p
             ).to(tl.float32)
             acc *= zv * tl.sigmoid(zv)
         tl.store(
