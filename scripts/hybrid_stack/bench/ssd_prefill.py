@@ -10,6 +10,11 @@ importable, else the baseline itself. Both run in one process on the same fresh
 random inputs; the fused kernel's output and final states are compared with the
 baseline's (relative L2 error) before timing.
 
+Where the fused module has two forms of the kernel (``ssd_fused_sm90``, the
+Gluon kernel used on sm_90, and the portable Triton kernel), each row records
+the form the value measured (``value_kernel``) and, for "sm90", the Triton
+form's ms per call on the same inputs (``triton_ms``).
+
 Cases: total tokens as 1 and as 8 sequences, for granite-4.0-h-small dims
 (128 heads x 64, dstate 128, 1 group, chunk 256), Mamba2-2.7B (80 x 64, dstate
 128, 1 group, chunk 256) and Nemotron-H-8B (128 x 64, dstate 128, 8 groups,
@@ -52,6 +57,32 @@ FUSED_NAME = "mamba_chunk_scan_fused_varlen"
 def flops_per_token(d: dict[str, int]) -> int:
     L, N, G, P, H = d["chunk"], d["dstate"], d["groups"], d["headdim"], d["heads"]
     return 2 * L * N * G + 2 * L * P * H + 4 * N * P * H
+
+
+def kernel_form(s: Inputs) -> str | None:
+    """Which form of the fused kernel runs these inputs: "sm90" (the Gluon
+    Hopper kernel, ssd_fused_sm90), "triton" (the portable kernel) or None
+    (a stack without the two forms)."""
+    import importlib
+
+    mod = importlib.import_module(FUSED_MODULE)
+    use_sm90 = getattr(mod, "use_sm90_kernel", None)
+    if use_sm90 is None:
+        return None
+    return "sm90" if use_sm90(s.x, s.B, s.C, s.out, s.chunk) else "triton"
+
+
+def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int) -> float:
+    """ms per call of the portable Triton form on the same inputs (the fused
+    module's USE_SM90_KERNEL switched off for the measurement)."""
+    import importlib
+
+    mod = importlib.import_module(FUSED_MODULE)
+    mod.USE_SM90_KERNEL = False
+    try:
+        return timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
+    finally:
+        mod.USE_SM90_KERNEL = True
 
 
 def load_fused() -> tuple[Any, str]:
@@ -185,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                     val_ms = timer.median_ms(
                         lambda i, s=sets: s[i % len(s)].run(fused_fn), reps=reps
                     )
+                    form = kernel_form(s0)
+                    if form is not None:
+                        extra["value_kernel"] = form
+                    if form == "sm90":
+                        extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
                 if tokens <= args.split_max_tokens:
                     for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
                         if fn is not None:
@@ -223,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             if fused_fn
             else f"stack kernel not importable ({why_not}): value == baseline",
             "tflops": "estimated: 2LNG + 2LPH + 4NPH flop per token",
+            "kernel": "value_kernel: form of the fused kernel measured (sm90 = Gluon "
+            "Hopper kernel, triton = portable kernel); triton_ms: the portable form "
+            "on the same inputs, same process",
             "inputs": "bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, no z, no "
             "initial states, fp32 final states written to a cache",
             "split": f"up to {args.split_max_tokens} tokens: *_host_ms = host time per "

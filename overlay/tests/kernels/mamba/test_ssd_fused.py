@@ -6,6 +6,11 @@ GPU tests compare ``mamba_chunk_scan_fused_varlen`` against a slow, obvious
 token-by-token SSM recurrence in float64 and against the upstream five-kernel
 chain (``mamba_chunk_scan_combined_varlen``).
 
+On sm_90 the fused entry point runs a second form of the kernel for large
+bf16 prefills (``ssd_fused_sm90``, Gluon: TMA and asynchronous wgmma); the
+GPU tests run every case on the Triton kernel and, where the Gluon form
+handles it, on that form too (``fused_kernel`` fixture).
+
 ``test_fused_ssd_triton_interpreter`` runs the kernel under the Triton
 interpreter on the CPU, so CPU-only CI catches indexing and masking bugs:
 
@@ -23,7 +28,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers.mamba.ops import ssd_fused
+from vllm.model_executor.layers.mamba.ops import ssd_fused, ssd_fused_sm90
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     mamba_chunk_scan_combined_varlen,
 )
@@ -42,6 +47,48 @@ requires_gpu = pytest.mark.skipif(
 )
 
 TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(params=["triton", "sm90"])
+def fused_kernel(request, monkeypatch):
+    """Run a GPU test on each form of the fused kernel: the portable Triton
+    kernel (forced) and the Hopper Gluon kernel (ssd_fused_sm90; skipped off
+    sm_90). Returns (name, launches of the sm90 kernel so far)."""
+    calls = []
+    if request.param == "sm90":
+        if not (
+            ssd_fused_sm90.HAS_GLUON
+            and torch.cuda.is_available()
+            and torch.cuda.get_device_capability() == (9, 0)
+        ):
+            pytest.skip("the sm90 form needs an sm_90 GPU and Triton's Gluon")
+        launch = ssd_fused_sm90.launch
+
+        def counting_launch(*args, **kwargs):
+            calls.append(1)
+            return launch(*args, **kwargs)
+
+        monkeypatch.setattr(ssd_fused_sm90, "launch", counting_launch)
+    monkeypatch.setattr(ssd_fused, "USE_SM90_KERNEL", request.param == "sm90")
+    # the test cases are small; run them on the Gluon form whatever their size
+    monkeypatch.setattr(ssd_fused, "SM90_MIN_TOKEN_HEADS", 0)
+    return request.param, calls
+
+
+def require_kernel(fused_kernel, inp: dict[str, torch.Tensor], chunk_size: int):
+    """Skip the sm90 run of a case that form does not handle (it would only
+    repeat the Triton run)."""
+    name, _ = fused_kernel
+    x = inp["x"]
+    if name == "sm90" and not ssd_fused.use_sm90_kernel(
+        x, inp["B"], inp["C"], torch.empty_like(x), chunk_size
+    ):
+        pytest.skip("case not handled by the sm90 form (runs the Triton kernel)")
+
+
+def assert_kernel_ran(fused_kernel) -> None:
+    name, calls = fused_kernel
+    assert name != "sm90" or calls, "the sm90 kernel was not used"
 
 
 def chunk_metadata(
@@ -263,12 +310,13 @@ def check_against_reference(
 
 @requires_gpu
 @pytest.mark.parametrize("itype", [torch.bfloat16])
-def test_fused_ssd_long_sequence(itype):
+def test_fused_ssd_long_sequence(itype, fused_kernel):
     """One sequence of >= 64k tokens (257 chunks of 256 handed on in
     order), plus a short one behind it."""
     device = current_platform.device_type
     lens = [65536 + 101, 77]
     inp = make_inputs(lens, 2, 64, 1, 32, itype, device, seed=7)
+    require_kernel(fused_kernel, inp, 256)
     check_against_reference(
         mamba_chunk_scan_fused_varlen,
         lens,
@@ -280,10 +328,11 @@ def test_fused_ssd_long_sequence(itype):
         use_init=True,
         scatter=True,
     )
+    assert_kernel_ran(fused_kernel)
 
 
 @requires_gpu
-def test_fused_ssd_more_chunks_than_resident_ctas():
+def test_fused_ssd_more_chunks_than_resident_ctas(fused_kernel):
     """Far more work items (chunks x heads) than can be resident at once,
     in one sequence so every item waits on its predecessor; compared with
     the chain. With the ticket scheme this cannot deadlock whatever order
@@ -293,6 +342,7 @@ def test_fused_ssd_more_chunks_than_resident_ctas():
     chunk_size = 128
     lens = [32768, 1000, 3]  # 265 chunks x 128 heads = 33920 programs
     inp = make_inputs(lens, 128, 64, 1, 128, itype, device, seed=11)
+    require_kernel(fused_kernel, inp, chunk_size)
     sm = torch.cuda.get_device_properties(device).multi_processor_count
     nchunks = sum(-(-n // chunk_size) for n in lens)
     assert nchunks * 128 > 16 * sm
@@ -306,6 +356,7 @@ def test_fused_ssd_more_chunks_than_resident_ctas():
     assert not out_f.isnan().any()
     assert rel_err(out_f, out_c) < TOL[itype]
     assert rel_err(fin_f, fin_c) < TOL[itype]
+    assert_kernel_ran(fused_kernel)
 
 
 # Lengths below / equal to / not a multiple of the chunk, in one batch.
@@ -333,11 +384,12 @@ REFERENCE_CASES = [
     "itype,chunk_size,ngroups,use_z,d_mode,use_init,scatter", REFERENCE_CASES
 )
 def test_fused_ssd_vs_reference(
-    itype, chunk_size, ngroups, use_z, d_mode, use_init, scatter
+    itype, chunk_size, ngroups, use_z, d_mode, use_init, scatter, fused_kernel
 ):
     device = current_platform.device_type
     lens = SHORT_LENS[chunk_size]
     inp = make_inputs(lens, 8, 64, ngroups, 64, itype, device, seed=ngroups)
+    require_kernel(fused_kernel, inp, chunk_size)
     check_against_reference(
         mamba_chunk_scan_fused_varlen,
         lens,
@@ -349,6 +401,7 @@ def test_fused_ssd_vs_reference(
         use_init=use_init,
         scatter=scatter,
     )
+    assert_kernel_ran(fused_kernel)
 
 
 @requires_gpu
@@ -361,12 +414,13 @@ def test_fused_ssd_vs_reference(
         (torch.float32, 256, 80, 128),
     ],
 )
-def test_fused_ssd_vs_chain(itype, chunk_size, headdim, dstate):
+def test_fused_ssd_vs_chain(itype, chunk_size, headdim, dstate, fused_kernel):
     """Same inputs through both implementations: outputs, final states
     written into the cache, and intermediate (per-chunk) states."""
     device = current_platform.device_type
     lens = [chunk_size * 3 + 17, 9, chunk_size, 2 * chunk_size - 1, 700]
     inp = make_inputs(lens, 16, headdim, 2, dstate, itype, device, seed=3)
+    require_kernel(fused_kernel, inp, chunk_size)
     kw = dict(use_z=True, d_mode="dim", use_init=True)
     outs = {}
     for name in ("chain", "fused"):
@@ -381,17 +435,19 @@ def test_fused_ssd_vs_chain(itype, chunk_size, headdim, dstate):
     inter_f, inter_c = outs["fused_inter"], outs["chain_inter"]
     assert inter_f.shape == inter_c.shape and inter_f.dtype == inter_c.dtype
     assert rel_err(inter_f, inter_c) < TOL[itype]
+    assert_kernel_ran(fused_kernel)
 
 
 @requires_gpu
 @pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
-def test_fused_ssd_intermediate_states(itype):
+def test_fused_ssd_intermediate_states(itype, fused_kernel):
     """return_intermediate_states: the state after the last token of every
     (pseudo) chunk, as used by the prefix-caching checkpoint path."""
     device = current_platform.device_type
     chunk_size = 128
     lens = [300, 128, 50, 513]
     inp = make_inputs(lens, 4, 64, 1, 32, itype, device, seed=5)
+    require_kernel(fused_kernel, inp, chunk_size)
     out, finals, inter, (cu, cu_chunk, last, _), D = run_case(
         mamba_chunk_scan_fused_varlen,
         lens,
@@ -411,6 +467,7 @@ def test_fused_ssd_intermediate_states(itype):
     ref = torch.stack([snap[e] for e in ends])
     assert inter.shape == ref.shape
     assert rel_err(inter, ref) < TOL[itype]
+    assert_kernel_ran(fused_kernel)
 
 
 @pytest.mark.skipif(

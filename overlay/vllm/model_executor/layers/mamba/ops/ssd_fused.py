@@ -12,6 +12,10 @@ memory (an fp32 workspace that stays mostly in L2), handed from the CTA of
 chunk ``c - 1`` to the CTA of chunk ``c`` of the same head block with an
 acquire/release flag.
 
+On sm_90, prefills of at least ``SM90_MIN_TOKEN_HEADS`` tokens x heads run
+the same algorithm as a Gluon kernel (``ssd_fused_sm90``: TMA loads, async
+wgmma), which Triton's ``tl.dot`` cannot express; see ``use_sm90_kernel``.
+
 Selected with ``MambaConfig.ssd_prefill`` (CLI ``--mamba-ssd-prefill``):
 ``"chain"`` (default, upstream), ``"fused"`` (always this kernel) or
 ``"auto"`` (whichever of the two was faster at the prefill's size).  See
@@ -22,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from vllm.model_executor.layers.mamba.ops import ssd_fused_sm90
 from vllm.model_executor.layers.mamba.ops.mamba_ssm import softplus
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     is_int_pow_2,
@@ -446,6 +451,36 @@ def _ssd_fused_varlen_kernel(
             s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(xw), b)
 
 
+# Hopper GPUs run the Gluon form of this kernel (ssd_fused_sm90: TMA, async
+# wgmma) wherever ssd_fused_sm90.supports() holds and the prefill has at least
+# SM90_MIN_TOKEN_HEADS tokens x heads; tests and benchmarks set
+# USE_SM90_KERNEL to False to run the Triton kernel below on the same inputs.
+# The threshold: the Gluon launch costs more host time (four TMA descriptors:
+# 126-224 us per call against 74-133 us on the H200 host), which outweighs its
+# lower GPU time while a call is host-bound; back-to-back calls, granite dims
+# (128 heads), ms per call Gluon / Triton: 1k tokens 0.12-0.15 / 0.10, 2k
+# 0.21 / 0.13, 4k 0.17-0.21 / 0.23; GPU time alone (CUDA graph) the Gluon form
+# is faster at every size (1k 0.050 / 0.066, 4k 0.171 / 0.230).
+USE_SM90_KERNEL = True
+SM90_MIN_TOKEN_HEADS = 1 << 19
+
+
+def use_sm90_kernel(
+    x: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    chunk_size: int,
+) -> bool:
+    """Whether ``mamba_chunk_scan_fused_varlen`` runs these inputs on the Gluon
+    Hopper form (``ssd_fused_sm90``) rather than the Triton kernel."""
+    return (
+        USE_SM90_KERNEL
+        and x.shape[0] * x.shape[1] >= SM90_MIN_TOKEN_HEADS
+        and ssd_fused_sm90.supports(x, B, C, out, chunk_size)
+    )
+
+
 # Launch configuration override (tests and benchmarks set it through
 # _set_launch_config) and the per-shape launch parameters derived from the
 # configuration (cached: this is host time on every prefill).
@@ -705,28 +740,37 @@ def _mamba_chunk_scan_fused_fwd(
     else:
         final = None
 
-    _ssd_fused_varlen_kernel[(n_items,)](
-        x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
-        final, final_state_indices, cu_chunk_seqlens, seq_idx,
-        last_chunk_indices,
-        float(dt_limit[0]), float(dt_limit[1]),
-        nheads, headdim, dstate, nheads // ngroups,
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
-        D.stride(0) if D is not None else 0,
-        *_strides(z, 3), *out.stride(),
-        *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
-        final_state_indices.stride(0) if final_state_indices is not None else 0,
-        **params,
-        HAS_D=D is not None,
-        D_HAS_HDIM=D is not None and D.dim() == 2,
-        HAS_Z=z is not None,
-        HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus,
-        HAS_INITSTATES=initial_states is not None,
-        WRITE_INTER=return_intermediate_states,
-        WRITE_FINAL=write_final,
-        FINAL_HAS_INDICES=final_states_out is not None,
-    )  # fmt: skip
+    if use_sm90_kernel(x, B, C, out, chunk_size):
+        ssd_fused_sm90.launch(
+            x, dt, A, B, C, chunk_size, cu_chunk_seqlens, last_chunk_indices,
+            seq_idx, out, D, z, dt_bias, initial_states, dt_softplus, dt_limit,
+            ws, sync, inter, final,
+            final_state_indices if final_states_out is not None else None,
+            write_final,
+        )  # fmt: skip
+    else:
+        _ssd_fused_varlen_kernel[(n_items,)](
+            x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
+            final, final_state_indices, cu_chunk_seqlens, seq_idx,
+            last_chunk_indices,
+            float(dt_limit[0]), float(dt_limit[1]),
+            nheads, headdim, dstate, nheads // ngroups,
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+            D.stride(0) if D is not None else 0,
+            *_strides(z, 3), *out.stride(),
+            *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
+            final_state_indices.stride(0) if final_state_indices is not None else 0,
+            **params,
+            HAS_D=D is not None,
+            D_HAS_HDIM=D is not None and D.dim() == 2,
+            HAS_Z=z is not None,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=dt_softplus,
+            HAS_INITSTATES=initial_states is not None,
+            WRITE_INTER=return_intermediate_states,
+            WRITE_FINAL=write_final,
+            FINAL_HAS_INDICES=final_states_out is not None,
+        )  # fmt: skip
 
     if return_intermediate_states:
         return inter
@@ -740,11 +784,11 @@ def _mamba_chunk_scan_fused_fwd(
 # fused kernel everywhere else; None means the fused kernel measured at least
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
-# chain: 2.8-5.7x at 1k tokens (80-128 heads; mostly host launch cost,
-# 0.98-1.52x in GPU time), 2.3-2.4x at 4k x 128 heads (1.15-1.17x in GPU
-# time), 1.09-1.17x at 16k tokens (the chain's best size), 1.41-1.42x at 64k
-# x 128 heads and 1.29-1.48x at 256k tokens.  (Before dt was loaded once per
-# chunk the chain won at 16k and the band was (2**19, 2**23).)
+# chain, back-to-back calls: at 1k tokens (80-128 heads, the Triton form)
+# 2.9-5.7x, mostly host launch cost; from 4k x 128 heads (the sm_90 Gluon
+# form) 1.85-2.74x at 4k, 1.43-1.59x at 16k (the chain's best size),
+# 1.83-1.87x at 64k and 1.66-1.95x at 256k tokens.  (Before dt was loaded
+# once per chunk the chain won at 16k and the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 
 
