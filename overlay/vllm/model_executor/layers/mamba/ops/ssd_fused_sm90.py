@@ -19,6 +19,9 @@ not let us control:
   load of the kernel);
 * full output row blocks are written by TMA stores from shared memory.
 
+Gluon is Triton's experimental lower-level language; this module is used only
+with the Triton release it was written for (``GLUON_TRITON_VERSION``).
+
 Measured on H200 (granite-4.0-h-small dims, bf16, ms per call at 16k / 256k
 tokens, one process): the chain 1.00 / 19.5, the Triton kernel 0.87 / 13.5,
 this kernel 0.65 / 10.1 (the stack's results/ssd_prefill-h200). A plain port
@@ -37,21 +40,29 @@ from functools import cache
 
 import torch
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from vllm.triton_utils import triton
 
-    HAS_GLUON = True
-except ImportError:  # Triton without Gluon (or without Hopper support)
-    HAS_GLUON = False
+# Gluon is experimental and its API changes between Triton releases (3.8
+# renamed thread_barrier, for one); this kernel is written and tested against
+# Triton 3.6 and is only used there (other versions run the Triton kernel).
+GLUON_TRITON_VERSION = "3.6"
+HAS_GLUON = False
+if getattr(triton, "__version__", "").startswith(GLUON_TRITON_VERSION + "."):
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import (
+            fence_async_shared,
+            mbarrier,
+            tma,
+            warpgroup_mma,
+            warpgroup_mma_wait,
+        )
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        HAS_GLUON = True
+    except ImportError:  # a 3.6 build without Gluon's Hopper support
+        pass
 
 BLOCK_M = 64  # rows per output / state step: one wgmma M tile per warpgroup
 NUM_BUFFERS = 2  # depth of the TMA ring
