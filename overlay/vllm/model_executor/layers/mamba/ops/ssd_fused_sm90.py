@@ -136,6 +136,15 @@ if HAS_GLUON:
         return gl.where(valid, dt, 0.0)
 
     @gluon.jit
+    def _store_state(base, s, offs_p, offs_n, stride_p, stride_n):
+        """Store the (P, N) state s at base with row / column strides, in the
+        tensor's dtype."""
+        gl.store(
+            base + offs_p[:, None] * stride_p + offs_n[None, :] * stride_n,
+            s.to(base.dtype.element_ty),
+        )
+
+    @gluon.jit
     def _issue_tiles(
         idx,
         nblk,
@@ -388,14 +397,10 @@ if HAS_GLUON:
                     slot = slot.to(gl.int64)
                 else:
                     slot = seq.to(gl.int64)
-                gl.store(
-                    final_ptr
-                    + slot * stride_final_s
-                    + h * stride_final_h
-                    + offs_p[:, None] * stride_final_p
-                    + offs_n[None, :] * stride_final_n,
-                    s_end.to(final_ptr.dtype.element_ty),
-                )
+                _store_state(
+                    final_ptr + slot * stride_final_s + h * stride_final_h,
+                    s_end, offs_p, offs_n, stride_final_p, stride_final_n,
+                )  # fmt: skip
         else:
             gl.store(
                 ws_ptr + (c * nheads + h) * (P * N) + state_offs,
@@ -405,14 +410,10 @@ if HAS_GLUON:
             gl.thread_barrier()
             gl.atomic_xchg(sync_ptr + 1 + c * nheads + h, 1, sem="release", scope="gpu")
         if WRITE_INTER:
-            gl.store(
-                inter_ptr
-                + c * stride_inter_c
-                + h * stride_inter_h
-                + offs_p[:, None] * stride_inter_p
-                + offs_n[None, :] * stride_inter_n,
-                s_end.to(inter_ptr.dtype.element_ty),
-            )
+            _store_state(
+                inter_ptr + c * stride_inter_c + h * stride_inter_h,
+                s_end, offs_p, offs_n, stride_inter_p, stride_inter_n,
+            )  # fmt: skip
 
         # ---- D: outputs, BLOCK_M rows at a time ----------------------------
         offs_i = gl.arange(0, _BLOCK_M, layout=row_o)
