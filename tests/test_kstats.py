@@ -59,6 +59,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_bad_triton_release_is_one_clear_error() -> None:
+    p = _cli("--triton", "3.6")
+    assert p.returncode != 0
+    assert "--triton wants a release like 3.6.0, not '3.6'" in p.stderr
+
+
 def test_unknown_entry_is_one_clear_error() -> None:
     p = _cli("--entry", "no-such-entry")
     assert p.returncode == 2
@@ -80,13 +86,24 @@ def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["arch"] == 90
     rows = data["rows"]
-    assert len(rows) == 4 and not any("error" in r for r in rows)
-    for r in rows:
+    assert not any("error" in r for r in rows)
+    compiled = [r for r in rows if "skipped" not in r]
+    kernels = [r["kernel"] for r in compiled]
+    assert kernels.count("_ssd_fused_varlen_kernel") == 4
+    for r in compiled:
         assert r["entry"] == "mamba2-ssd-fused-prefill"
-        assert r["kernel"] == "_ssd_fused_varlen_kernel"
         assert 0 < r["regs"] <= 255
         assert 0 < r["smem_bytes"] <= SMEM_LIMIT[90]
         assert r["num_warps"] == 4
+    # the sm_90 Gluon form: compiled under its Triton release, else reported
+    # as skipped with the reason (never silently dropped)
+    if data["triton"].startswith("3.6."):
+        assert kernels.count("_ssd_fused_sm90_kernel") == 3
+    else:
+        (skip,) = [r for r in rows if "skipped" in r]
+        assert skip["group"] == "_ssd_fused_sm90_cases"
+        assert "needs Triton 3.6" in skip["skipped"] and "--triton 3.6.0" in skip["skipped"]
+        assert "1 group(s) skipped" in p.stdout
 
 
 @pytest.mark.venv
@@ -97,9 +114,12 @@ def test_shared_memory_over_the_arch_limit_fails_the_case(tmp_path: Path) -> Non
     out = tmp_path / "ks.json"
     p = _cli("--arch", "89", "--json", str(out))
     assert p.returncode == 1, p.stdout[-3000:]
-    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    all_rows = json.loads(out.read_text())["rows"]
+    (skip,) = [r for r in all_rows if "skipped" in r]
+    assert "sm_90 only" in skip["skipped"]
+    rows = {r["case"]: r for r in all_rows if "skipped" not in r}
     bad = [name for name, r in rows.items() if "error" in r]
     assert bad and all(name.startswith("fp32") for name in bad), rows
     assert "sm_89 allows 101376" in rows[bad[0]]["error"]
     assert all(r["smem_bytes"] <= SMEM_LIMIT[89] for r in rows.values() if "error" not in r)
-    assert "kernel-stats: 3 compiled, 1 failed" in p.stdout
+    assert "kernel-stats: 3 compiled, 1 failed, 1 group(s) skipped" in p.stdout

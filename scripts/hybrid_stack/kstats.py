@@ -8,13 +8,19 @@ and shared memory per program. A case that fails to compile, or needs more
 shared memory than the architecture gives one program, fails the command:
 that is GPU breakage the Triton interpreter tests cannot see. Nothing runs on
 a GPU; speed still needs ``hybrid-stack bundle`` on a real one.
+
+``--triton X.Y.Z`` compiles with another Triton release (installed once into
+work/triton-X.Y.Z): the fused kernel's sm_90 form is written in Gluon for
+Triton 3.6 and is reported as skipped under any other release.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -41,10 +47,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json", type=Path, default=None, help="default: work/kernel-stats-sm<arch>.json"
     )
+    p.add_argument(
+        "--triton",
+        metavar="X.Y.Z",
+        default=None,
+        help="compile with this Triton release instead of the venv's: installed once "
+        "(pip --target, no deps) into work/triton-X.Y.Z and put first on the probe's "
+        "import path; kernels written for one release (the fused kernel's sm_90 Gluon "
+        "form) only compile with it",
+    )
     p.set_defaults(func=run)
 
 
+def triton_release(stack_root: Path, py: Path, version: str) -> Path:
+    """work/triton-<version>: that Triton release alone, installed with the
+    venv's pip on first use. A failed or wrong install leaves nothing behind."""
+    dest = stack_root / "work" / f"triton-{version}"
+    if (dest / f"triton-{version}.dist-info").is_dir() and (dest / "triton").is_dir():
+        return dest
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    cmd = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+           "--only-binary=:all:", "--target", str(partial), f"triton=={version}"]  # fmt: skip
+    print(f"kernel-stats: installing triton=={version} into {dest}", flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if p.returncode != 0 or not (partial / f"triton-{version}.dist-info").is_dir():
+        shutil.rmtree(partial, ignore_errors=True)
+        last = ((p.stderr or p.stdout).strip().splitlines() or ["(no output)"])[-1]
+        raise StackError(f"could not install triton=={version} with pip: {last}")
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+    return dest
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.triton is not None and not re.fullmatch(r"\d+\.\d+\.\d+", args.triton):
+        raise StackError(f"--triton wants a release like 3.6.0, not {args.triton!r}")
     stack = load_stack(args.root)
     carried = {e.name for e in stack.carried}
     wanted = args.entry or [name for name in kstats_probe.CASES if name in carried]
@@ -68,5 +106,8 @@ def run(args: argparse.Namespace) -> int:
     # vllm.triton_utils hand out the real triton module with no active driver.
     env = test_env(dict(os.environ), stack.root / "work" / "hf-home", interpret=False)
     env["CUDA_VISIBLE_DEVICES"] = ""
+    if args.triton:
+        env["PYTHONPATH"] = str(triton_release(stack.root, py, args.triton))
+        print(f"$ export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}", flush=True)
     print(f"$ cd {tree} && {shlex.join(argv)}", flush=True)
     return subprocess.run(argv, cwd=tree, env=env).returncode

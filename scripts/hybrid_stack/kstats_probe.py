@@ -12,6 +12,12 @@ with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``.
 Triton's own ptxas then reports registers, spill bytes and stack per thread
 (``ptxas -v``); shared memory comes from the compiled metadata. Nothing runs.
 
+Gluon kernels (Triton's experimental lower-level language) are compiled the
+same way through ``GluonASTSource``; their TMA descriptor arguments are typed
+with Triton's own launch-time mangling. A group of cases whose kernel does
+not exist in the running Triton (the stack's sm_90 form is written for one
+Triton release) is reported as skipped, with the reason, never dropped.
+
 Integer arguments are given Triton's launch-time specialisation: divisibility
 by 16 where the value has it, pointers 16-byte aligned (what the launcher's
 tensors are). Without that the pipeliner cannot use async copies and the
@@ -59,6 +65,10 @@ def parse_ptxas(text: str) -> dict[str, int]:
             "stack_bytes": frame}  # fmt: skip
 
 
+class CasesSkipped(Exception):
+    """A case group cannot be compiled here (reason in the message)."""
+
+
 class _Spy:
     """Stands in for a @triton.jit kernel: ``spy[grid](*args, **kwargs)``
     records the launch instead of running it."""
@@ -100,6 +110,10 @@ def _signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
         if p.is_constexpr or v is None:
             sig[p.name] = "constexpr"
             constexprs[(i,)] = v
+        elif type(v).__name__ == "TensorDescriptor":
+            from triton.runtime.jit import mangle_type
+
+            sig[p.name] = mangle_type(v)
         elif isinstance(v, torch.Tensor):
             sig[p.name] = "*" + _TORCH_TO_TRITON[str(v.dtype)]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -124,7 +138,12 @@ def compile_launch(kernel: Any, args: tuple, kwargs: dict, arch: int) -> dict[st
     from triton.compiler import ASTSource
 
     sig, constexprs, attrs, options = _signature(kernel, args, dict(kwargs))
-    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    source = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        source = GluonASTSource
+    src = source(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     t0 = time.monotonic()
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -158,7 +177,8 @@ def compile_launch(kernel: Any, args: tuple, kwargs: dict, arch: int) -> dict[st
 # ---------------------------------------------------------------------------
 
 
-def _ssd_fused_cases() -> Any:
+def _ssd_fused_cases(arch: int) -> Any:
+    """The fused kernel's portable Triton form, through its real launcher."""
     import torch
     from vllm.model_executor.layers.mamba.ops import ssd_fused
 
@@ -207,8 +227,62 @@ def _ssd_fused_cases() -> Any:
                  dtype=torch.float32, z=True, d_dim=True, init=True)  # fmt: skip
 
 
-CASES: dict[str, Callable[[], Any]] = {
-    "mamba2-ssd-fused-prefill": _ssd_fused_cases,
+def _ssd_fused_sm90_cases(arch: int) -> Any:
+    """The fused kernel's sm_90 form (Gluon), launched through its real
+    launcher on meta tensors: granite / Nemotron-H dims, bf16, headdim 64."""
+    import torch
+    import triton
+    from vllm.model_executor.layers.mamba.ops import ssd_fused_sm90 as sm90
+
+    if arch != 90:
+        raise CasesSkipped("the sm_90 form (Gluon, wgmma + TMA) is for sm_90 only")
+    if not sm90.HAS_GLUON:
+        raise CasesSkipped(
+            f"the sm_90 form needs Triton {sm90.GLUON_TRITON_VERSION}.x (this is "
+            f"{triton.__version__}); compile it with --triton {sm90.GLUON_TRITON_VERSION}.0"
+        )
+    meta = "meta"
+
+    def launch(name: str, *, heads: int, groups: int, chunk: int, seqs: int = 2,
+               tokens: int = 4096, inter: bool = False) -> Any:  # fmt: skip
+        hd, ds = 64, 128
+        nchunks = seqs * math.ceil(tokens / seqs / chunk)
+
+        def t(*shape: int, dt: torch.dtype = torch.bfloat16) -> torch.Tensor:
+            return torch.empty(*shape, device=meta, dtype=dt)
+
+        f32, i32 = torch.float32, torch.int32
+        spy = _Spy()
+        real = sm90._ssd_fused_sm90_kernel
+        sm90._ssd_fused_sm90_kernel = spy
+        try:
+            sm90.launch(
+                t(tokens, heads, hd), t(tokens, heads), t(heads, dt=f32),
+                t(tokens, groups, ds), t(tokens, groups, ds), chunk,
+                t(nchunks + 1, dt=i32), t(seqs, dt=i32), t(nchunks, dt=i32),
+                t(tokens, heads, hd), t(heads, dt=f32), None, t(heads, dt=f32), None,
+                True, (0.0, float("inf")),
+                t(nchunks, heads, hd, ds, dt=f32), t(1 + nchunks * heads, dt=i32),
+                t(nchunks, heads, hd, ds, dt=f32) if inter else None,
+                None if inter else t(8, heads, hd, ds, dt=f32),
+                None if inter else t(seqs, dt=i32),
+                not inter,
+            )  # fmt: skip
+        finally:
+            sm90._ssd_fused_sm90_kernel = real
+        ((args, kwargs),) = spy.launches
+        return name, real, args, kwargs
+
+    yield launch("sm90 form: granite-small bf16 c256", heads=128, groups=1, chunk=256)
+    yield launch("sm90 form: granite-small bf16 c256 inter", heads=128, groups=1,
+                 chunk=256, inter=True)  # fmt: skip
+    yield launch("sm90 form: nemotron-h bf16 c128 g8", heads=128, groups=8, chunk=128)
+
+
+# entry -> its case groups; a group is called with the target arch and yields
+# (case name, kernel, launch args, launch kwargs), or raises CasesSkipped.
+CASES: dict[str, tuple[Callable[[int], Any], ...]] = {
+    "mamba2-ssd-fused-prefill": (_ssd_fused_cases, _ssd_fused_sm90_cases),
 }
 
 
@@ -231,28 +305,39 @@ def main(argv: list[str] | None = None) -> int:
     head = f"{'entry: case':60} {'regs':>4} {'spill st/ld':>11} {'smem':>7} {'warps':>5} {'s':>5}"
     print(f"sm_{args.arch}, triton {triton.__version__} (compiled on the CPU, nothing run)")
     print(head)
+    skipped = 0
     for entry in entries:
-        for name, kernel, kargs, kkwargs in CASES[entry]():
-            label = f"{entry}: {name}"
+        for group in CASES[entry]:
             try:
-                usage = compile_launch(kernel, kargs, kkwargs, args.arch)
-            except Exception as e:  # one clear line per failing case, then go on
-                failed += 1
-                msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-                print(f"{label:60} FAILED: {type(e).__name__}: {msg[:200]}")
-                rows.append({"entry": entry, "case": name, "error": f"{type(e).__name__}: {e}"})
+                cases = list(group(args.arch))
+            except CasesSkipped as e:
+                skipped += 1
+                label = f"{entry}: {(group.__doc__ or group.__name__).split(' (')[0]}"
+                print(f"{label[:60]:60} skipped: {e}")
+                rows.append({"entry": entry, "group": group.__name__, "skipped": str(e)})
                 continue
-            rows.append({"entry": entry, "case": name, "kernel": kernel.fn.__name__, **usage})
-            spills = f"{usage['spill_store_bytes']}/{usage['spill_load_bytes']}"
-            print(f"{label:60} {usage['regs']:>4} {spills:>11} {usage['smem_bytes']:>7} "
-                  f"{usage['num_warps']:>5} {usage['compile_s']:>5}")  # fmt: skip
+            for name, kernel, kargs, kkwargs in cases:
+                label = f"{entry}: {name}"
+                try:
+                    usage = compile_launch(kernel, kargs, kkwargs, args.arch)
+                except Exception as e:  # one clear line per failing case, then go on
+                    failed += 1
+                    msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                    print(f"{label:60} FAILED: {type(e).__name__}: {msg[:200]}")
+                    rows.append({"entry": entry, "case": name, "error": f"{type(e).__name__}: {e}"})
+                    continue
+                rows.append({"entry": entry, "case": name, "kernel": kernel.fn.__name__, **usage})
+                spills = f"{usage['spill_store_bytes']}/{usage['spill_load_bytes']}"
+                print(f"{label:60} {usage['regs']:>4} {spills:>11} {usage['smem_bytes']:>7} "
+                      f"{usage['num_warps']:>5} {usage['compile_s']:>5}")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps({"arch": args.arch, "triton": triton.__version__, "rows": rows}, indent=1)
             + "\n"
         )
-    print(f"kernel-stats: {len(rows) - failed} compiled, {failed} failed")
+    compiled = len(rows) - failed - skipped
+    print(f"kernel-stats: {compiled} compiled, {failed} failed, {skipped} group(s) skipped")
     return 1 if failed else 0
 
 
