@@ -59,7 +59,7 @@ def fused_kernel(request, monkeypatch):
         if not (
             ssd_fused_sm90.HAS_GLUON
             and torch.cuda.is_available()
-            and torch.cuda.get_device_capability() == (9, 0)
+            and ssd_fused_sm90._is_sm90(None)
         ):
             pytest.skip("the sm90 form needs an sm_90 GPU and Triton's Gluon")
         launch = ssd_fused_sm90.launch

@@ -562,31 +562,25 @@ def launch(
 ) -> None:
     """Launch the kernel; argument checks, the workspace ``ws`` (fp32, K x H
     x P x N), the zeroed ``sync`` buffer (1 + K * H int32) and the state
-    outputs are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s."""
+    outputs (and D with a unit last stride) are
+    ``ssd_fused._mamba_chunk_scan_fused_fwd``'s."""
     seqlen, nheads, headdim = x.shape
     _, ngroups, dstate = B.shape
     n_items = (cu_chunk_seqlens.shape[0] - 1) * nheads
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
-    x_desc = TensorDescriptor(
-        x, [seqlen, nheads * headdim], [x.stride(0), 1], [BLOCK_M, headdim], row_layout
-    )
-    out_desc = TensorDescriptor(
-        out,
-        [seqlen, nheads * headdim],
-        [out.stride(0), 1],
-        [BLOCK_M, headdim],
-        row_layout,
-    )
-    b_desc = TensorDescriptor(
-        B, [seqlen, ngroups * dstate], [B.stride(0), 1], [BLOCK_M, dstate], bc_layout
-    )
-    c_desc = TensorDescriptor(
-        C, [seqlen, ngroups * dstate], [C.stride(0), 1], [BLOCK_M, dstate], bc_layout
-    )
-    if D is not None and D.stride(-1) != 1:
-        D = D.contiguous()
+
+    def rows_desc(t: torch.Tensor, width: int, layout) -> "TensorDescriptor":
+        """The (tokens, n, width) tensor t as a 2-D (tokens, n * width) TMA
+        view, read in (BLOCK_M, width) boxes."""
+        return TensorDescriptor(
+            t, [seqlen, t.shape[1] * width], [t.stride(0), 1], [BLOCK_M, width], layout
+        )
+
     _ssd_fused_sm90_kernel[(n_items,)](
-        x_desc, b_desc, c_desc, out_desc,
+        rows_desc(x, headdim, row_layout),
+        rows_desc(B, dstate, bc_layout),
+        rows_desc(C, dstate, bc_layout),
+        rows_desc(out, headdim, row_layout),
         dt, A, D, z, dt_bias, out, initial_states, ws, sync, inter, final,
         final_state_indices, cu_chunk_seqlens, seq_idx, last_chunk_indices,
         float(dt_limit[0]), float(dt_limit[1]),
