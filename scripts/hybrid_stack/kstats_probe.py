@@ -83,6 +83,20 @@ class _Spy:
         return launch
 
 
+def _capture(module: Any, kernel_name: str, call: Callable[[], Any]) -> tuple[Any, tuple, dict]:
+    """Run ``call()`` (a launcher) with ``module.<kernel_name>`` replaced by a
+    _Spy; the real kernel and the one launch's (args, kwargs)."""
+    spy = _Spy()
+    real = getattr(module, kernel_name)
+    setattr(module, kernel_name, spy)
+    try:
+        call()
+    finally:
+        setattr(module, kernel_name, real)
+    ((args, kwargs),) = spy.launches
+    return real, args, kwargs
+
+
 _TORCH_TO_TRITON = {
     "torch.bfloat16": "bf16",
     "torch.float16": "fp16",
@@ -194,10 +208,8 @@ def _ssd_fused_cases(arch: int) -> Any:
             return torch.empty(*shape, device=meta, dtype=dt)
 
         i32 = torch.int32
-        spy = _Spy()
-        real = ssd_fused._ssd_fused_varlen_kernel
-        ssd_fused._ssd_fused_varlen_kernel = spy
-        try:
+
+        def call() -> None:
             ssd_fused._mamba_chunk_scan_fused_fwd(
                 t(tokens, heads, hd), t(tokens, heads), t(heads, dt=torch.float32),
                 t(tokens, groups, ds), t(tokens, groups, ds), chunk,
@@ -213,9 +225,8 @@ def _ssd_fused_cases(arch: int) -> Any:
                 final_states_out=None if inter else t(8, heads, hd, ds, dt=torch.float32),
                 final_state_indices=None if inter else t(seqs, dt=i32),
             )  # fmt: skip
-        finally:
-            ssd_fused._ssd_fused_varlen_kernel = real
-        ((args, kwargs),) = spy.launches
+
+        real, args, kwargs = _capture(ssd_fused, "_ssd_fused_varlen_kernel", call)
         return name, real, args, kwargs
 
     bf16 = torch.bfloat16
@@ -252,10 +263,8 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
             return torch.empty(*shape, device=meta, dtype=dt)
 
         f32, i32 = torch.float32, torch.int32
-        spy = _Spy()
-        real = sm90._ssd_fused_sm90_kernel
-        sm90._ssd_fused_sm90_kernel = spy
-        try:
+
+        def call() -> None:
             sm90.launch(
                 t(tokens, heads, hd), t(tokens, heads), t(heads, dt=f32),
                 t(tokens, groups, ds), t(tokens, groups, ds), chunk,
@@ -268,9 +277,8 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                 None if inter else t(seqs, dt=i32),
                 not inter,
             )  # fmt: skip
-        finally:
-            sm90._ssd_fused_sm90_kernel = real
-        ((args, kwargs),) = spy.launches
+
+        real, args, kwargs = _capture(sm90, "_ssd_fused_sm90_kernel", call)
         return name, real, args, kwargs
 
     yield launch("sm90 form: granite-small bf16 c256", heads=128, groups=1, chunk=256)

@@ -78,11 +78,11 @@ def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int)
     import importlib
 
     mod = importlib.import_module(FUSED_MODULE)
-    mod.USE_SM90_KERNEL = False
+    saved, mod.USE_SM90_KERNEL = mod.USE_SM90_KERNEL, False
     try:
         return timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
     finally:
-        mod.USE_SM90_KERNEL = True
+        mod.USE_SM90_KERNEL = saved
 
 
 def load_fused() -> tuple[Any, str]:
