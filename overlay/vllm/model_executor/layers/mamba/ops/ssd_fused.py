@@ -785,9 +785,9 @@ def _mamba_chunk_scan_fused_fwd(
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
 # chain, back-to-back calls: at 1k tokens (80-128 heads, the Triton form)
-# 2.9-5.7x, mostly host launch cost; from 4k x 128 heads (the sm_90 Gluon
-# form) 1.85-2.74x at 4k, 1.43-1.59x at 16k (the chain's best size),
-# 1.83-1.87x at 64k and 1.66-1.95x at 256k tokens.  (Before dt was loaded
+# 3.3-5.8x, mostly host launch cost; from 4k x 128 heads (the sm_90 Gluon
+# form) 1.49-3.83x at 4k, 1.56-1.78x at 16k (the chain's best size),
+# 1.93-2.01x at 64k and 1.79-2.15x at 256k tokens.  (Before dt was loaded
 # once per chunk the chain won at 16k and the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 

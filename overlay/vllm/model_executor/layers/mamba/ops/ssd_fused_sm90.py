@@ -14,20 +14,22 @@ not let us control:
   together and the decay factors, the masked block and the operand of the
   state update are computed while they run; the state update runs while the
   output block's epilogue does;
-* dt of the whole chunk is gathered from global memory once, processed and
-  kept in shared memory (a strided 2-byte gather per token is the slowest
-  load of the kernel);
+* dt of the whole chunk is gathered from global memory once (a strided
+  2-byte gather per token is the slowest load of the kernel), and every
+  per-row factor both passes derive from it (cumsums, decay weights,
+  exponentials) is computed there once and kept in shared memory;
 * full output row blocks are written by TMA stores from shared memory.
 
 Gluon is Triton's experimental lower-level language; this module is used only
 with the Triton release it was written for (``GLUON_TRITON_VERSION``).
 
 Measured on H200 (granite-4.0-h-small dims, bf16, ms per call at 16k / 256k
-tokens, one process): the chain 1.00 / 19.5, the Triton kernel 0.87 / 13.5,
-this kernel 0.65 / 10.1 (the stack's results/ssd_prefill-h200). A plain port
+tokens, one process): the chain 1.02 / 19.8, the Triton kernel 0.86 / 13.4,
+this kernel 0.59 / 9.2 (the stack's results/ssd_prefill-h200). A plain port
 of the Triton kernel's steps measured 0.80 / 12.5; dt kept in shared memory
 and the TMA output stores took it to 0.65 / 10.1 (results/
-ssd_fused_ablation-h200, run sm90-form).
+ssd_fused_ablation-h200, run sm90-form), and the per-row factors computed
+once per program to 0.58 / 9.4 (run sm90-breakdown).
 
 Used by ``mamba_chunk_scan_fused_varlen`` where ``ssd_fused.use_sm90_kernel``
 holds: ``supports`` below (sm_90, bf16 x / B / C / out with unit-stride,
@@ -267,7 +269,8 @@ if HAS_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, mma_s)
         col_s: gl.constexpr = gl.SliceLayout(0, mma_s)
         col_a: gl.constexpr = gl.SliceLayout(0, opa_s)
-        vec_m: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        # a vector held whole by every warp (warp-local reductions)
+        vec_w: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])
         blk_c: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])
 
         # Ticket and work item, as in ssd_fused._ssd_fused_varlen_kernel.
@@ -285,8 +288,8 @@ if HAS_GLUON:
         nblk = gl.cdiv(clen, _BLOCK_M)
 
         # Shared memory: the TMA ring of x / B / C row tiles, the running
-        # state as the B operand of C.S_run, an output staging tile, the
-        # chunk's processed dt and the ring's barriers.
+        # state as the B operand of C.S_run, an output staging tile and the
+        # ring's barriers (the per-row factors of dt follow in A).
         x_s = gl.allocate_shared_memory(
             io_dtype, [_NUM_BUFFERS, _BLOCK_M, P], x_desc.layout
         )
@@ -298,9 +301,6 @@ if HAS_GLUON:
         )
         st_s = gl.allocate_shared_memory(io_dtype, [P, N], STATE_SMEM_LAYOUT)
         y_s = gl.allocate_shared_memory(io_dtype, [_BLOCK_M, P], out_desc.layout)
-        dt_s = gl.allocate_shared_memory(
-            gl.float32, [NB, _BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        )
         bars = gl.allocate_shared_memory(
             gl.int64, [_NUM_BUFFERS, 1], mbarrier.MBarrierLayout()
         )
@@ -331,29 +331,47 @@ if HAS_GLUON:
             dt_base, offs_c, clen, stride_dt_t, dt_bias, dt_min, dt_max,
             HAS_DT_BIAS, DT_SOFTPLUS,
         )  # fmt: skip
-        dA_tot = gl.sum(gl.sum(dt_c * A, axis=1), axis=0)
-        dt_s.store(dt_c)
+        # Every per-row factor of both passes, once per program, row block
+        # k in row k: cumsums of dt * A within the block (cs), block totals,
+        # the state pass's weights dt * exp(dA_tot - chunk cumsum), where the
+        # chunk cumsum is cs plus the totals of the blocks before (start),
+        # and the output pass's dt * exp(block total - cs) and exp(cs). They
+        # stay in shared memory: the passes load them in the layouts they
+        # need, with no scans, reductions or layout changes per row block.
+        dA_c = dt_c * A
+        cs_c = gl.associative_scan(dA_c, 1, _add)
+        blk_tot = gl.sum(dA_c, axis=1)
+        rowid = gl.arange(0, NB, layout=gl.SliceLayout(1, blk_c))
+        start = gl.zeros([NB], gl.float32, layout=gl.SliceLayout(1, blk_c))
+        for r in gl.static_range(NB):
+            tot_r = gl.sum(gl.where(rowid == r, blk_tot, 0.0), axis=0)
+            start += gl.where(rowid > r, tot_r, 0.0)
+        dA_tot = gl.sum(blk_tot, axis=0)
+        w_st = dt_c * _exp(gl.minimum(dA_tot - (start[:, None] + cs_c), 0.0))
+        w_out = dt_c * _exp(gl.minimum(blk_tot[:, None] - cs_c, 0.0))
+        vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        vec_r: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        dt_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, dt_c)
+        cs_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, cs_c)
+        ecs_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, _exp(cs_c))
+        wst_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, w_st)
+        wout_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, w_out)
         gl.thread_barrier()
-        # the same buffer as NB rows of BLOCK_M (one row per row block)
-        dt_rows = dt_s._reinterpret(
-            gl.float32, [NB, _BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0])
-        )
+        dt_rows = dt_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
+        cs_rows = cs_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
+        ecs_rows = ecs_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
+        wst_rows = wst_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
+        wout_rows = wout_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
 
         # ---- B: chunk-local state, one row block at a time ---------------
         s_loc = gl.zeros([P, N], gl.float32, layout=mma_s)
-        base = 0.0
         for k in range(nblk):
             s = k % _NUM_BUFFERS
             mbarrier.wait(bars.index(s), (k // _NUM_BUFFERS) & 1)
-            dt_k = dt_rows.index(k).load(vec_m)
-            dA_k = dt_k * A
-            cs_k = base + gl.associative_scan(dA_k, 0, _add)
-            base = base + gl.sum(dA_k, axis=0)
-            w_k = dt_k * _exp(gl.minimum(dA_tot - cs_k, 0.0))
+            w_k = wst_rows.index(k).load(col_a)
             # (x scaled by the weights)^T as the register A operand, B from
             # the ring
             xt = x_s.index(s).permute((1, 0)).load(opa_s)
-            w_k = gl.convert_layout(w_k, col_a)
             xw = (xt.to(gl.float32) * w_k[None, :]).to(io_dtype)
             s_loc = warpgroup_mma(xw, b_s.index(s), s_loc, is_async=True)
             s_loc = warpgroup_mma_wait(0, deps=(s_loc,))
@@ -429,6 +447,7 @@ if HAS_GLUON:
         fence_async_shared()
         gl.thread_barrier()
         causal = offs_i[:, None] >= offs_j[None, :]
+        last_w = gl.arange(0, _BLOCK_M, layout=vec_w) == _BLOCK_M - 1
         out_base = out_ptr + chunk_start * stride_out_t + h * stride_out_h
         for k in range(nblk):
             idx = nblk + k
@@ -453,16 +472,12 @@ if HAS_GLUON:
                 use_acc=False,
                 is_async=True,
             )
-            dt_v = dt_rows.index(k).load(vec_m)
-            cs_v = gl.associative_scan(dt_v * A, 0, _add)  # cumsum - base
-            blk = gl.sum(dt_v * A, axis=0)
-            w_a = dt_v * _exp(gl.minimum(blk - cs_v, 0.0))
-            w_a = gl.convert_layout(w_a, col_a)
+            w_a = wout_rows.index(k).load(col_a)
             xt = x_s.index(s).permute((1, 0)).load(opa_s)
             xw = (xt.to(gl.float32) * w_a[None, :]).to(io_dtype)
-            cs_i = gl.convert_layout(cs_v, row_o)
-            dt_j = gl.convert_layout(dt_v, col_o)
-            cs_j = gl.convert_layout(cs_v, col_o)
+            cs_i = cs_rows.index(k).load(row_o)
+            dt_j = dt_rows.index(k).load(col_o)
+            cs_j = cs_rows.index(k).load(col_o)
             fac = _exp(gl.minimum(cs_i[:, None] - cs_j[None, :], 0.0)) * dt_j[None, :]
             cb = warpgroup_mma_wait(1, deps=(cb,))
             lmat = gl.where(causal, cb * fac, 0.0).to(io_dtype)
@@ -472,9 +487,14 @@ if HAS_GLUON:
             # update for the next row block (also issued on the last one,
             # where it is unused, to keep the wgmma accounting static)
             y = warpgroup_mma(
-                lmat, x_s.index(s), inter * _exp(cs_i)[:, None], is_async=True
+                lmat,
+                x_s.index(s),
+                inter * ecs_rows.index(k).load(row_o)[:, None],
+                is_async=True,
             )
-            s_run = warpgroup_mma(xw, b_s.index(s), s_run * _exp(blk), is_async=True)
+            # exp(block total): the block's last exp(cs) (dt is 0 past clen)
+            e_blk = gl.sum(gl.where(last_w, ecs_rows.index(k).load(vec_w), 0.0), axis=0)
+            s_run = warpgroup_mma(xw, b_s.index(s), s_run * e_blk, is_async=True)
             if HAS_D:
                 xo = x_s.index(s).load(mma_o).to(gl.float32)
             y = warpgroup_mma_wait(1, deps=(y,))
