@@ -248,9 +248,10 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
     if arch != 90:
         raise CasesSkipped("the sm_90 form (Gluon, wgmma + TMA) is for sm_90 only")
     if not sm90.HAS_GLUON:
+        versions = "/".join(sm90.GLUON_TRITON_VERSIONS)
         raise CasesSkipped(
-            f"the sm_90 form needs Triton {sm90.GLUON_TRITON_VERSION}.x (this is "
-            f"{triton.__version__}); compile it with --triton {sm90.GLUON_TRITON_VERSION}.0"
+            f"the sm_90 form needs Triton {versions} (this is {triton.__version__}); "
+            f"compile it with --triton {sm90.GLUON_TESTED_TRITON}.0"
         )
     meta = "meta"
 

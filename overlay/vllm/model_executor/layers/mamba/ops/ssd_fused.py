@@ -461,7 +461,9 @@ def _ssd_fused_varlen_kernel(
 # (128 heads), ms per call Gluon / Triton: 1k tokens 0.12-0.15 / 0.10, 2k
 # 0.21 / 0.13, 4k 0.17-0.21 / 0.23; GPU time alone (CUDA graph) the Gluon form
 # is faster at every size (1k 0.050 / 0.066, 4k 0.171 / 0.230).
-USE_SM90_KERNEL = True
+# By default only under the Triton release the Gluon form has run with
+# (ssd_fused_sm90.TESTED_HERE); the tests set it to True to check another.
+USE_SM90_KERNEL = ssd_fused_sm90.TESTED_HERE
 SM90_MIN_TOKEN_HEADS = 1 << 19
 
 

@@ -20,8 +20,9 @@ not let us control:
   exponentials) is computed there once and kept in shared memory;
 * full output row blocks are written by TMA stores from shared memory.
 
-Gluon is Triton's experimental lower-level language; this module is used only
-with the Triton release it was written for (``GLUON_TRITON_VERSION``).
+Gluon is Triton's experimental lower-level language; this module compiles with
+the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
+with the one it has run with (``GLUON_TESTED_TRITON``).
 
 Measured on H200 (granite-4.0-h-small dims, bf16, ms per call at 16k / 256k
 tokens, one process): the chain 1.02 / 19.8, the Triton kernel 0.86 / 13.4,
@@ -44,12 +45,17 @@ import torch
 
 from vllm.triton_utils import triton
 
-# Gluon is experimental and its API changes between Triton releases (3.8
-# renamed thread_barrier, for one); this kernel is written and tested against
-# Triton 3.6 and is only used there (other versions run the Triton kernel).
-GLUON_TRITON_VERSION = "3.6"
+# Gluon is experimental and its API changes between Triton releases. This
+# kernel compiles with the releases in GLUON_TRITON_VERSIONS (the stack's CI
+# compiles it with each); it has run on a GPU (tests, benchmarks) only with
+# GLUON_TESTED_TRITON, so only there does ssd_fused use it by default
+# (TESTED_HERE). vLLM 0.33.0's torch 2.14 brings Triton 3.8.
+GLUON_TRITON_VERSIONS = ("3.6", "3.8")
+GLUON_TESTED_TRITON = "3.6"
+_TRITON_VERSION = getattr(triton, "__version__", "")
+TESTED_HERE = _TRITON_VERSION.startswith(GLUON_TESTED_TRITON + ".")
 HAS_GLUON = False
-if getattr(triton, "__version__", "").startswith(GLUON_TRITON_VERSION + "."):
+if _TRITON_VERSION.startswith(tuple(v + "." for v in GLUON_TRITON_VERSIONS)):
     try:
         from triton.experimental import gluon
         from triton.experimental.gluon import language as gl
@@ -63,7 +69,7 @@ if getattr(triton, "__version__", "").startswith(GLUON_TRITON_VERSION + "."):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         HAS_GLUON = True
-    except ImportError:  # a 3.6 build without Gluon's Hopper support
+    except ImportError:  # a build without Gluon's Hopper support
         pass
 
 BLOCK_M = 64  # rows per output / state step: one wgmma M tile per warpgroup
@@ -103,6 +109,8 @@ def supports(
 
 if HAS_GLUON:
     _BLOCK_M = gl.constexpr(BLOCK_M)
+    # CTA-wide barrier: thread_barrier in 3.6, barrier from 3.8 on
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     _NUM_BUFFERS = gl.constexpr(NUM_BUFFERS)
 
     @gluon.jit
@@ -356,7 +364,7 @@ if HAS_GLUON:
         ecs_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, _exp(cs_c))
         wst_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, w_st)
         wout_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l, w_out)
-        gl.thread_barrier()
+        _cta_barrier()
         dt_rows = dt_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
         cs_rows = cs_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
         ecs_rows = ecs_s._reinterpret(gl.float32, [NB, _BLOCK_M], vec_r)
@@ -375,7 +383,7 @@ if HAS_GLUON:
             xw = (xt.to(gl.float32) * w_k[None, :]).to(io_dtype)
             s_loc = warpgroup_mma(xw, b_s.index(s), s_loc, is_async=True)
             s_loc = warpgroup_mma_wait(0, deps=(s_loc,))
-            gl.thread_barrier()  # every warp is done with slot s
+            _cta_barrier()  # every warp is done with slot s
             _issue_tiles(
                 k + _NUM_BUFFERS, nblk, x_desc, b_desc, c_desc, x_s, b_s, c_s,
                 bars, row0, xcol, bcol,
@@ -401,7 +409,7 @@ if HAS_GLUON:
             ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
             while ready == 0:
                 ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-            gl.thread_barrier()
+            _cta_barrier()
             s_prev = gl.load(
                 ws_ptr + ((c - 1) * nheads + h) * (P * N) + state_offs,
                 cache_modifier=".cg",
@@ -425,7 +433,7 @@ if HAS_GLUON:
                 s_end,
                 cache_modifier=".cg",
             )
-            gl.thread_barrier()
+            _cta_barrier()
             gl.atomic_xchg(sync_ptr + 1 + c * nheads + h, 1, sem="release", scope="gpu")
         if WRITE_INTER:
             _store_state(
@@ -445,7 +453,7 @@ if HAS_GLUON:
         s_run = s_prev
         st_s.store(s_run.to(io_dtype))
         fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()
         causal = offs_i[:, None] >= offs_j[None, :]
         last_w = gl.arange(0, _BLOCK_M, layout=vec_w) == _BLOCK_M - 1
         out_base = out_ptr + chunk_start * stride_out_t + h * stride_out_h
@@ -515,7 +523,7 @@ if HAS_GLUON:
                 tma.store_wait(0)  # the previous block's store left y_s
                 y_s.store(y.to(io_dtype))
                 fence_async_shared()
-                gl.thread_barrier()
+                _cta_barrier()
                 tma.async_copy_shared_to_global(out_desc, [row0 + m0, xcol], y_s)
             else:
                 # the chunk's last, partial block: rows past clen belong to
@@ -528,10 +536,10 @@ if HAS_GLUON:
                     mask=mask_i[:, None],
                 )
             s_run = warpgroup_mma_wait(0, deps=(s_run,))
-            gl.thread_barrier()
+            _cta_barrier()
             st_s.store(s_run.to(io_dtype))
             fence_async_shared()
-            gl.thread_barrier()  # also: every warp is done with slot s
+            _cta_barrier()  # also: every warp is done with slot s
             _issue_tiles(
                 idx + _NUM_BUFFERS, nblk, x_desc, b_desc, c_desc, x_s, b_s, c_s,
                 bars, row0, xcol, bcol,
