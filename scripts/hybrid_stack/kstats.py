@@ -10,8 +10,9 @@ that is GPU breakage the Triton interpreter tests cannot see. Nothing runs on
 a GPU; speed still needs ``hybrid-stack bundle`` on a real one.
 
 ``--triton X.Y.Z`` compiles with another Triton release (installed once into
-work/triton-X.Y.Z): the fused kernel's sm_90 form is written in Gluon for
-Triton 3.6 and is reported as skipped under any other release.
+work/triton-X.Y.Z): the fused kernel's sm_90 form is Gluon, whose API changes
+between releases; it compiles with Triton 3.6 and 3.8 and is reported as
+skipped under any other release.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="compile with this Triton release instead of the venv's: installed once "
         "(pip --target, no deps) into work/triton-X.Y.Z and put first on the probe's "
-        "import path; kernels written for one release (the fused kernel's sm_90 Gluon "
-        "form) only compile with it",
+        "import path; Gluon kernels (the fused kernel's sm_90 form) compile only with "
+        "the releases they were written for",
     )
     p.set_defaults(func=run)
 
