@@ -100,6 +100,7 @@ def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     # dropped)
     if data["triton"].startswith(("3.6.", "3.8.")):
         assert kernels.count("_ssd_fused_sm90_kernel") == 3
+        assert kernels.count("_ssd_fused_sm90_runs_kernel") == 2
     else:
         (skip,) = [r for r in rows if "skipped" in r]
         assert skip["group"] == "_ssd_fused_sm90_cases"

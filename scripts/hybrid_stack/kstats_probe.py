@@ -256,7 +256,7 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
     meta = "meta"
 
     def launch(name: str, *, heads: int, groups: int, chunk: int, seqs: int = 2,
-               tokens: int = 4096, inter: bool = False) -> Any:  # fmt: skip
+               tokens: int = 4096, inter: bool = False, run: int = 0) -> Any:  # fmt: skip
         hd, ds = 64, 128
         nchunks = seqs * math.ceil(tokens / seqs / chunk)
 
@@ -279,13 +279,23 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                 not inter,
             )  # fmt: skip
 
-        real, args, kwargs = _capture(sm90, "_ssd_fused_sm90_kernel", call)
+        # run > 0: the run kernel with runs of that many chunks
+        kernel = "_ssd_fused_sm90_runs_kernel" if run else "_ssd_fused_sm90_kernel"
+        saved, sm90.RUN_CHUNKS = sm90.RUN_CHUNKS, run
+        try:
+            real, args, kwargs = _capture(sm90, kernel, call)
+        finally:
+            sm90.RUN_CHUNKS = saved
         return name, real, args, kwargs
 
     yield launch("sm90 form: granite-small bf16 c256", heads=128, groups=1, chunk=256)
     yield launch("sm90 form: granite-small bf16 c256 inter", heads=128, groups=1,
                  chunk=256, inter=True)  # fmt: skip
     yield launch("sm90 form: nemotron-h bf16 c128 g8", heads=128, groups=8, chunk=128)
+    yield launch("sm90 runs: granite-small bf16 c256", heads=128, groups=1, chunk=256,
+                 seqs=8, run=8)  # fmt: skip
+    yield launch("sm90 runs: nemotron-h bf16 c128 g8 inter", heads=128, groups=8,
+                 chunk=128, seqs=8, inter=True, run=16)  # fmt: skip
 
 
 # entry -> its case groups; a group is called with the target arch and yields

@@ -11,9 +11,12 @@ random inputs; the fused kernel's output and final states are compared with the
 baseline's (relative L2 error) before timing.
 
 Where the fused module has two forms of the kernel (``ssd_fused_sm90``, the
-Gluon kernel used on sm_90, and the portable Triton kernel), each row records
-the form the value measured (``value_kernel``) and, for "sm90", the Triton
-form's ms per call on the same inputs (``triton_ms``).
+Gluon kernels used on sm_90, and the portable Triton kernel), each row records
+the form the value measured (``value_kernel``: "triton", "sm90" = the
+chunk-program kernel or "sm90-runs" = the run kernel) and, for the sm_90
+forms, the Triton form's ms per call on the same inputs (``triton_ms``) and
+the other sm_90 kernel's (``sm90_ms`` / ``sm90_runs_ms``, the run kernel
+with ``slots // heads`` runs as its own rule would split).
 
 Cases: total tokens as 1 and as 8 sequences, for granite-4.0-h-small dims
 (128 heads x 64, dstate 128, 1 group, chunk 256), Mamba2-2.7B (80 x 64, dstate
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import math
 from typing import Any
 
@@ -60,16 +64,58 @@ def flops_per_token(d: dict[str, int]) -> int:
 
 
 def kernel_form(s: Inputs) -> str | None:
-    """Which form of the fused kernel runs these inputs: "sm90" (the Gluon
-    Hopper kernel, ssd_fused_sm90), "triton" (the portable kernel) or None
-    (a stack without the two forms)."""
+    """Which form of the fused kernel runs these inputs: "sm90" / "sm90-runs"
+    (the Gluon Hopper kernels of ssd_fused_sm90: chunk programs / runs of
+    chunks), "triton" (the portable kernel) or None (a stack without the
+    forms)."""
     import importlib
 
     mod = importlib.import_module(FUSED_MODULE)
     use_sm90 = getattr(mod, "use_sm90_kernel", None)
     if use_sm90 is None:
         return None
-    return "sm90" if use_sm90(s.x, s.B, s.C, s.out, s.chunk) else "triton"
+    if not use_sm90(s.x, s.B, s.C, s.out, s.chunk):
+        return "triton"
+    sm90 = mod.ssd_fused_sm90
+    if not hasattr(sm90, "run_chunks"):
+        return "sm90"
+    return "sm90-runs" if sm90_run_chunks(s, sm90, rule=True) else "sm90"
+
+
+def sm90_run_chunks(s: Inputs, sm90: Any, rule: bool) -> int:
+    """The run length the sm_90 launcher picks for these inputs (rule=True),
+    or the run length of its rule with the run kernel taken whatever the
+    batch (rule=False: the run kernel's side of the comparison)."""
+    import torch
+
+    slots = (
+        sm90.RUN_SLOTS_PER_SM * torch.cuda.get_device_properties(s.x.device).multi_processor_count
+    )
+    n_chunks = s.cu_chunk.shape[0] - 1
+    nheads = s.x.shape[1]
+    n_seqs = s.last_chunk.shape[0]
+    chunk = s.chunk if rule else 1
+    return sm90.run_chunks(n_chunks, n_seqs, nheads, chunk, slots)
+
+
+def time_other_sm90_kernel(
+    timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, form: str
+) -> tuple[str, float]:
+    """ms per call of the sm_90 kernel the launcher did not pick, on the same
+    inputs: the chunk-program kernel where the run kernel ran, else the run
+    kernel with the runs its rule would make."""
+    import importlib
+
+    sm90 = importlib.import_module(FUSED_MODULE).ssd_fused_sm90
+    if form == "sm90-runs":
+        name, run = "sm90_ms", 0
+    else:
+        name, run = "sm90_runs_ms", sm90_run_chunks(sets[0], sm90, rule=False)
+    saved, sm90.RUN_CHUNKS = sm90.RUN_CHUNKS, run
+    try:
+        return name, timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
+    finally:
+        sm90.RUN_CHUNKS = saved
 
 
 def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int) -> float:
@@ -219,8 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                     form = kernel_form(s0)
                     if form is not None:
                         extra["value_kernel"] = form
-                    if form == "sm90":
+                    if form in ("sm90", "sm90-runs"):
                         extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
+                        if hasattr(
+                            importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_chunks"
+                        ):
+                            name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
+                            extra[name] = ms
                 if tokens <= args.split_max_tokens:
                     for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
                         if fn is not None:
@@ -260,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
             else f"stack kernel not importable ({why_not}): value == baseline",
             "tflops": "estimated: 2LNG + 2LPH + 4NPH flop per token",
             "kernel": "value_kernel: form of the fused kernel measured (sm90 = Gluon "
-            "Hopper kernel, triton = portable kernel); triton_ms: the portable form "
-            "on the same inputs, same process",
+            "Hopper chunk-program kernel, sm90-runs = Gluon Hopper run kernel, "
+            "triton = portable kernel); triton_ms: the portable form on the same "
+            "inputs, same process; sm90_ms / sm90_runs_ms: the sm_90 kernel not "
+            "picked (the run kernel with slots // heads runs)",
             "inputs": "bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, no z, no "
             "initial states, fp32 final states written to a cache",
             "split": f"up to {args.split_max_tokens} tokens: *_host_ms = host time per "

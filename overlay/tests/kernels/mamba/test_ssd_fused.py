@@ -9,7 +9,9 @@ chain (``mamba_chunk_scan_combined_varlen``).
 On sm_90 the fused entry point runs a second form of the kernel for large
 bf16 prefills (``ssd_fused_sm90``, Gluon: TMA and asynchronous wgmma); the
 GPU tests run every case on the Triton kernel and, where the Gluon form
-handles it, on that form too (``fused_kernel`` fixture).
+handles it, on both of that form's kernels too (``fused_kernel`` fixture:
+the chunk-program kernel, and the run kernel with runs of 3 chunks, so runs
+cover several sequences and sequences several runs).
 
 ``test_fused_ssd_triton_interpreter`` runs the kernel under the Triton
 interpreter on the CPU, so CPU-only CI catches indexing and masking bugs:
@@ -49,13 +51,19 @@ requires_gpu = pytest.mark.skipif(
 TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 
-@pytest.fixture(params=["triton", "sm90"])
+# sm_90 kernel -> ssd_fused_sm90.RUN_CHUNKS: the chunk-program kernel (0) and
+# the run kernel with runs of 3 chunks
+SM90_KERNELS = {"sm90": 0, "sm90-runs": 3}
+
+
+@pytest.fixture(params=["triton", *SM90_KERNELS])
 def fused_kernel(request, monkeypatch):
     """Run a GPU test on each form of the fused kernel: the portable Triton
-    kernel (forced) and the Hopper Gluon kernel (ssd_fused_sm90; skipped off
-    sm_90). Returns (name, launches of the sm90 kernel so far)."""
+    kernel (forced) and the Hopper Gluon kernels (ssd_fused_sm90; skipped off
+    sm_90). Returns (name, launches of the sm90 kernels so far)."""
     calls = []
-    if request.param == "sm90":
+    sm90 = request.param in SM90_KERNELS
+    if sm90:
         if not (
             ssd_fused_sm90.HAS_GLUON
             and torch.cuda.is_available()
@@ -69,7 +77,8 @@ def fused_kernel(request, monkeypatch):
             return launch(*args, **kwargs)
 
         monkeypatch.setattr(ssd_fused_sm90, "launch", counting_launch)
-    monkeypatch.setattr(ssd_fused, "USE_SM90_KERNEL", request.param == "sm90")
+        monkeypatch.setattr(ssd_fused_sm90, "RUN_CHUNKS", SM90_KERNELS[request.param])
+    monkeypatch.setattr(ssd_fused, "USE_SM90_KERNEL", sm90)
     # the test cases are small; run them on the Gluon form whatever their size
     monkeypatch.setattr(ssd_fused, "SM90_MIN_TOKEN_HEADS", 0)
     return request.param, calls
@@ -80,7 +89,7 @@ def require_kernel(fused_kernel, inp: dict[str, torch.Tensor], chunk_size: int):
     repeat the Triton run)."""
     name, _ = fused_kernel
     x = inp["x"]
-    if name == "sm90" and not ssd_fused.use_sm90_kernel(
+    if name in SM90_KERNELS and not ssd_fused.use_sm90_kernel(
         x, inp["B"], inp["C"], torch.empty_like(x), chunk_size
     ):
         pytest.skip("case not handled by the sm90 form (runs the Triton kernel)")
@@ -88,7 +97,7 @@ def require_kernel(fused_kernel, inp: dict[str, torch.Tensor], chunk_size: int):
 
 def assert_kernel_ran(fused_kernel) -> None:
     name, calls = fused_kernel
-    assert name != "sm90" or calls, "the sm90 kernel was not used"
+    assert name not in SM90_KERNELS or calls, "the sm90 kernel was not used"
 
 
 def chunk_metadata(
@@ -522,6 +531,27 @@ def test_select_mamba_chunk_scan_varlen():
     assert select_mamba_chunk_scan_varlen("auto") is mamba_chunk_scan_auto_varlen
     with pytest.raises(ValueError):
         select_mamba_chunk_scan_varlen("nope")
+
+
+@pytest.mark.parametrize(
+    "n_chunks,n_seqs,nheads,chunk_size,expect",
+    [
+        (64, 1, 128, 256, 0),  # one sequence: chunk programs
+        (64, 2, 128, 256, 0),  # 256 sequence-heads < 264 slots
+        (64, 8, 128, 256, 32),  # 2 runs of 32 chunks, one per slot
+        (65, 8, 128, 256, 33),
+        (64, 8, 80, 256, 22),  # 3 runs
+        (1, 8, 128, 256, 1),
+        (64, 3, 300, 256, 64),  # more heads than slots: one run per head
+        (128, 1, 128, 128, 64),  # 128-token chunks: runs whatever the batch
+    ],
+)
+def test_run_chunks_rule(n_chunks, n_seqs, nheads, chunk_size, expect):
+    """The sm_90 run kernel takes prefills where sequences x heads fill the
+    264 program slots (2 x 132 SMs), and those of 128-token chunks, as
+    slots // heads runs."""
+    got = ssd_fused_sm90.run_chunks(n_chunks, n_seqs, nheads, chunk_size, 264)
+    assert got == expect
 
 
 @pytest.mark.parametrize(
