@@ -743,6 +743,13 @@ if HAS_GLUON:
         )
 
         # Ticket -> (run, head); run r is chunks [c0, c1), of any sequences.
+        # No deadlock, whatever order the hardware starts programs in: the
+        # program holding ticket r * nheads + h waits only for the flag of
+        # (r - 1, h), ticket r * nheads + h - nheads, which is smaller. Tickets
+        # are taken by running programs in increasing order, so that ticket's
+        # program is already running, and the running program with the
+        # smallest ticket waits for nothing (it is run 0 or its predecessor
+        # has finished); by induction every program gets its flag.
         ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed")
         r = ticket // nheads
         h = ticket % nheads
