@@ -279,11 +279,10 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                 not inter,
             )  # fmt: skip
 
-        # run > 0: the run kernel with runs of that many chunks
-        kernel = "_ssd_fused_sm90_runs_kernel" if run else "_ssd_fused_sm90_kernel"
+        # run > 0: the run kernel (RUNS=True) with runs of that many chunks
         saved, sm90.RUN_CHUNKS = sm90.RUN_CHUNKS, run
         try:
-            real, args, kwargs = _capture(sm90, kernel, call)
+            real, args, kwargs = _capture(sm90, "_ssd_fused_sm90_kernel", call)
         finally:
             sm90.RUN_CHUNKS = saved
         return name, real, args, kwargs

@@ -787,9 +787,9 @@ def _mamba_chunk_scan_fused_fwd(
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
 # chain, back-to-back calls, 1 / 8 sequences: at 1k tokens (80-128 heads, the
-# Triton form) 3.7-4.7x, mostly host launch cost; from 4k x 128 heads (the
-# sm_90 Gluon form) 1.79-2.40x at 4k, 1.65-2.29x at 16k, 2.06-2.70x at 64k
-# and 1.90-2.69x at 256k tokens.  (Before dt was loaded once per chunk the
+# Triton form) 3.0-8.3x, mostly host launch cost; from 4k x 128 heads (the
+# sm_90 Gluon form) 2.44-2.45x at 4k, 1.65-2.31x at 16k, 2.06-2.64x at 64k
+# and 1.92-2.68x at 256k tokens.  (Before dt was loaded once per chunk the
 # chain won at 16k and the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 

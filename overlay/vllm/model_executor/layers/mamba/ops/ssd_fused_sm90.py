@@ -19,12 +19,14 @@ one program uses the SM, which Triton's ``tl.dot`` does not let us control:
   exponentials) is computed there once and kept in shared memory;
 * full output row blocks are written by TMA stores from shared memory.
 
-Two kernels share those steps (``_state_block``, ``_output_block``):
+The kernel (``_ssd_fused_sm90_kernel``) has two work decompositions sharing
+those steps (``_state_block``, ``_output_block``), chosen by its RUNS
+constexpr:
 
-* ``_ssd_fused_sm90_kernel``: one program per (chunk, head), like the Triton
+* chunk programs (RUNS=False): one program per (chunk, head), like the Triton
   kernel: a state pass over the chunk, the chunk-end state handed to the next
   chunk's program, then the output pass.
-* ``_ssd_fused_sm90_runs_kernel``: one program per (run, head), a run being
+* runs (RUNS=True, "the run kernel"): one program per (run, head), a run being
   ``run_chunks`` consecutive chunks of any sequences. The output pass carries
   the running state from chunk to chunk in registers, so a chunk needs no
   state pass and no hand-over, and its x / B tiles are read once instead of
@@ -45,8 +47,8 @@ the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
 with the one it has run with (``GLUON_TESTED_TRITON``).
 
 Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
-at 16k / 256k tokens, one process): the chain 1.00 / 20.5, the Triton kernel
-0.87 / 13.5, the chunk-program kernel 0.59 / 9.5 (the stack's
+at 16k / 256k tokens, one process): the chain 1.00 / 19.7, the Triton kernel
+0.87 / 13.5, the chunk-program kernel 0.58 / 9.5 (the stack's
 results/ssd_prefill-h200). A plain port of the Triton kernel's steps
 measured 0.80 / 12.5; dt kept in shared memory and the TMA output stores
 took it to 0.65 / 10.1 (results/ssd_fused_ablation-h200, run sm90-form), and
@@ -523,7 +525,12 @@ if HAS_GLUON:
         WRITE_INTER: gl.constexpr,
         WRITE_FINAL: gl.constexpr,
         FINAL_HAS_INDICES: gl.constexpr,
+        RUNS: gl.constexpr,
     ):
+        """The fused prefill on sm_90: RUNS=False, one program per (chunk,
+        head) (state pass, hand-over, output pass); RUNS=True, one program per
+        (run of run_chunks consecutive chunks, head), the state carried
+        across the run's chunks (see the module docstring)."""
         P: gl.constexpr = hdim
         N: gl.constexpr = dstate
         NB: gl.constexpr = CHUNK_SIZE // _BLOCK_M
@@ -534,421 +541,360 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
         )
 
-        # Ticket and work item, as in ssd_fused._ssd_fused_varlen_kernel.
-        ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed").to(gl.int64)
-        c = ticket // nheads
-        h = ticket % nheads
-        g = h // heads_per_group
-
-        chunk_start = gl.load(cu_chunk_ptr + c)
-        clen = gl.load(cu_chunk_ptr + c + 1) - chunk_start
-        seq = gl.load(seq_idx_ptr + c)
-        seq_prev = gl.load(seq_idx_ptr + c - 1, mask=c > 0, other=-1)
-        is_first = seq != seq_prev
-        is_last = c == gl.load(last_chunk_ptr + seq)
-        nblk = gl.cdiv(clen, _BLOCK_M)
-
-        x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = _allocate(
-            x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB
-        )
-        xcol = (h * P).to(gl.int32)
-        bcol = (g * N).to(gl.int32)
-        # loads 0 .. nblk - 1: the state pass's row blocks (x, B); then the
-        # output pass's (x, B, C), requested two ahead across both passes
-        for i in gl.static_range(_NUM_BUFFERS):
-            kind = i // nblk
-            _issue(
-                i, i - kind * nblk, chunk_start, kind, x_desc, b_desc, c_desc,
-                x_s, b_s, c_s, bars, xcol, bcol,
-            )  # fmt: skip
-
-        # ---- A: dt of the chunk (once) and every per-row factor ----------
-        A = gl.load(A_ptr + h).to(gl.float32)
-        if HAS_DT_BIAS:  # noqa: SIM108
-            dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
-        else:
-            dt_bias = 0.0
-        dt_raw = _dt_raw(dt_ptr, chunk_start, clen, h, stride_dt_t, stride_dt_h, NB)
-        dA_tot = _chunk_factors(
-            dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
-            wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
-        )  # fmt: skip
-        wst_rows = _rows(wst_s)
-
-        # ---- B: chunk-local state, one row block at a time ---------------
-        s_loc = gl.zeros([P, N], gl.float32, layout=mma_s)
-        for k in range(nblk):
-            s = k % _NUM_BUFFERS
-            mbarrier.wait(bars.index(s), (k // _NUM_BUFFERS) & 1)
-            s_loc = _state_block(s_loc, wst_rows.index(k), x_s.index(s), b_s.index(s))
-            _cta_barrier()  # every warp is done with slot s
-            idx = k + _NUM_BUFFERS
-            kind = idx // nblk
-            _issue(
-                idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
-                c_desc, x_s, b_s, c_s, bars, xcol, bcol,
-            )  # fmt: skip
-
-        # ---- C: state passing (see ssd_fused for the memory ordering) ----
-        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
-        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-        state_offs = offs_p[:, None] * N + offs_n[None, :]
-        if is_first:
-            s_prev = _seq_init_state(
-                init_ptr, seq, h, stride_init_b, stride_init_h, stride_init_p,
-                stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
-            )  # fmt: skip
-        else:
-            flag_prev = sync_ptr + 1 + (c - 1) * nheads + h
-            ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-            while ready == 0:
-                ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-            _cta_barrier()
-            s_prev = gl.load(
-                ws_ptr + ((c - 1) * nheads + h) * (P * N) + state_offs,
-                cache_modifier=".cg",
+        if RUNS:
+            # Ticket -> (run, head); run r is chunks [c0, c1), of any sequences.
+            # No deadlock, whatever order the hardware starts programs in: the
+            # program holding ticket r * nheads + h waits only for the flag of
+            # (r - 1, h), ticket r * nheads + h - nheads, which is smaller. Tickets
+            # are taken by running programs in increasing order, so that ticket's
+            # program is already running, and the running program with the
+            # smallest ticket waits for nothing (it is run 0 or its predecessor
+            # has finished); by induction every program gets its flag.
+            ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed")
+            r = ticket // nheads
+            h = ticket % nheads
+            g = h // heads_per_group
+            c0 = r * run_chunks
+            c1 = gl.minimum(c0 + run_chunks, n_chunks)
+            seq_first = gl.load(seq_idx_ptr + c0)
+            cont_in = seq_first == gl.load(seq_idx_ptr + c0 - 1, mask=c0 > 0, other=-1)
+            seq_last = gl.load(seq_idx_ptr + c1 - 1)
+            cont_out = seq_last == gl.load(
+                seq_idx_ptr + c1, mask=c1 < n_chunks, other=-1
             )
-
-        s_end = _exp(dA_tot) * s_prev + s_loc
-        if is_last:
-            if WRITE_FINAL:
-                if FINAL_HAS_INDICES:
-                    slot = gl.load(final_idx_ptr + seq * stride_final_idx)
-                    slot = slot.to(gl.int64)
-                else:
-                    slot = seq.to(gl.int64)
-                _store_state(
-                    final_ptr + slot * stride_final_s + h * stride_final_h,
-                    s_end, offs_p, offs_n, stride_final_p, stride_final_n,
-                )  # fmt: skip
-        else:
-            gl.store(
-                ws_ptr + (c * nheads + h) * (P * N) + state_offs,
-                s_end,
-                cache_modifier=".cg",
-            )
-            _cta_barrier()
-            gl.atomic_xchg(sync_ptr + 1 + c * nheads + h, 1, sem="release", scope="gpu")
-        if WRITE_INTER:
-            _store_state(
-                inter_ptr + c * stride_inter_c + h * stride_inter_h,
-                s_end, offs_p, offs_n, stride_inter_p, stride_inter_n,
-            )  # fmt: skip
-
-        # ---- D: outputs, BLOCK_M rows at a time ----------------------------
-        if HAS_D:
-            offs_po = gl.arange(0, P, layout=gl.SliceLayout(0, mma_o))
-            if D_HAS_HDIM:
-                Dv = gl.load(D_ptr + h * stride_D_h + offs_po).to(gl.float32)
-            else:
-                Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
-        else:
-            Dv = 0.0
-        s_run = s_prev
-        st_s.store(s_run.to(st_s.dtype))
-        fence_async_shared()
-        _cta_barrier()
-        for k in range(nblk):
-            idx = nblk + k
-            s = idx % _NUM_BUFFERS
-            mbarrier.wait(bars.index(s), (idx // _NUM_BUFFERS) & 1)
-            s_run = _output_block(
-                s_run, k, chunk_start, clen, h, xcol, x_s.index(s), b_s.index(s),
-                c_s.index(s), st_s, y_s, out_desc, out_ptr, z_ptr, Dv,
-                _rows(dt_s), _rows(cs_s), _rows(ecs_s), _rows(wout_s),
-                stride_out_t, stride_out_h, stride_out_p, stride_z_t,
-                stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
-            )  # fmt: skip
-            idx += _NUM_BUFFERS
-            kind = idx // nblk
-            _issue(
-                idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
-                c_desc, x_s, b_s, c_s, bars, xcol, bcol,
-            )  # fmt: skip
-        tma.store_wait(0)
-        for i in gl.static_range(_NUM_BUFFERS):
-            mbarrier.invalidate(bars.index(i))
-
-    @gluon.jit
-    def _ssd_fused_sm90_runs_kernel(
-        x_desc,
-        b_desc,
-        c_desc,
-        out_desc,
-        dt_ptr,
-        A_ptr,
-        D_ptr,
-        z_ptr,
-        dt_bias_ptr,
-        out_ptr,
-        init_ptr,
-        ws_ptr,
-        sync_ptr,
-        inter_ptr,
-        final_ptr,
-        final_idx_ptr,
-        cu_chunk_ptr,
-        seq_idx_ptr,
-        last_chunk_ptr,
-        dt_min,
-        dt_max,
-        n_chunks,
-        run_chunks,
-        nheads: gl.constexpr,
-        hdim: gl.constexpr,
-        dstate: gl.constexpr,
-        heads_per_group: gl.constexpr,
-        stride_dt_t,
-        stride_dt_h: gl.constexpr,
-        stride_D_h: gl.constexpr,
-        stride_z_t,
-        stride_z_h,
-        stride_z_p: gl.constexpr,
-        stride_out_t,
-        stride_out_h,
-        stride_out_p: gl.constexpr,
-        stride_init_b,
-        stride_init_h,
-        stride_init_p,
-        stride_init_n: gl.constexpr,
-        stride_inter_c,
-        stride_inter_h,
-        stride_inter_p,
-        stride_inter_n: gl.constexpr,
-        stride_final_s,
-        stride_final_h,
-        stride_final_p,
-        stride_final_n: gl.constexpr,
-        stride_final_idx: gl.constexpr,
-        STATE_SMEM_LAYOUT: gl.constexpr,
-        CHUNK_SIZE: gl.constexpr,
-        HAS_D: gl.constexpr,
-        D_HAS_HDIM: gl.constexpr,
-        HAS_Z: gl.constexpr,
-        HAS_DT_BIAS: gl.constexpr,
-        DT_SOFTPLUS: gl.constexpr,
-        HAS_INITSTATES: gl.constexpr,
-        WRITE_INTER: gl.constexpr,
-        WRITE_FINAL: gl.constexpr,
-        FINAL_HAS_INDICES: gl.constexpr,
-    ):
-        P: gl.constexpr = hdim
-        N: gl.constexpr = dstate
-        NB: gl.constexpr = CHUNK_SIZE // _BLOCK_M
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
-        )
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
-        )
-
-        # Ticket -> (run, head); run r is chunks [c0, c1), of any sequences.
-        # No deadlock, whatever order the hardware starts programs in: the
-        # program holding ticket r * nheads + h waits only for the flag of
-        # (r - 1, h), ticket r * nheads + h - nheads, which is smaller. Tickets
-        # are taken by running programs in increasing order, so that ticket's
-        # program is already running, and the running program with the
-        # smallest ticket waits for nothing (it is run 0 or its predecessor
-        # has finished); by induction every program gets its flag.
-        ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed")
-        r = ticket // nheads
-        h = ticket % nheads
-        g = h // heads_per_group
-        c0 = r * run_chunks
-        c1 = gl.minimum(c0 + run_chunks, n_chunks)
-        seq_first = gl.load(seq_idx_ptr + c0)
-        cont_in = seq_first == gl.load(seq_idx_ptr + c0 - 1, mask=c0 > 0, other=-1)
-        seq_last = gl.load(seq_idx_ptr + c1 - 1)
-        cont_out = seq_last == gl.load(seq_idx_ptr + c1, mask=c1 < n_chunks, other=-1)
-        # the tail: the run's chunks of seq_last (seq_idx is non-decreasing)
-        tail = c0
-        offs_r = gl.arange(0, 128, layout=_VEC)
-        for base in range(c0, c1, 128):
-            sq = gl.load(
-                seq_idx_ptr + base + offs_r, mask=base + offs_r < c1, other=seq_last
-            )
-            tail += gl.sum((sq < seq_last).to(gl.int32), axis=0)
-
-        x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = _allocate(
-            x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB
-        )
-        xcol = h * P
-        bcol = g * N
-        # The load cursor starts at the state pass's first row block when the
-        # next run continues seq_last, else at the output pass's.
-        if cont_out:
-            ikind = 0
-            ic = tail
-        else:
-            ikind = 1
-            ic = c0
-        ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
-        inb = gl.cdiv(ilen, _BLOCK_M)
-        ij = 0
-        for i in gl.static_range(_NUM_BUFFERS):
-            _issue(
-                i, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
-                xcol, bcol,
-            )  # fmt: skip
-            ic, ij, inb, ist, ikind = _advance(
-                ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
-            )
-        t = 0  # loads consumed
-
-        A = gl.load(A_ptr + h).to(gl.float32)
-        if HAS_DT_BIAS:  # noqa: SIM108
-            dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
-        else:
-            dt_bias = 0.0
-        wst_rows = _rows(wst_s)
-
-        # ---- state pass over the tail, if the next run continues it ------
-        s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
-        dA_tail = 0.0
-        if cont_out:  # noqa: SIM108
-            st_lo = tail
-        else:
-            st_lo = c1
-        for c in range(st_lo, c1):
-            cstart, clen = _chunk_bounds(cu_chunk_ptr, c)
-            dt_raw = _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB)
-            dA_tot = _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
-                wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
-            )  # fmt: skip
-            dA_tail += dA_tot
-            s_acc = s_acc * _exp(dA_tot)
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
-                s = t % _NUM_BUFFERS
-                mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
-                s_acc = _state_block(
-                    s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s)
+            # the tail: the run's chunks of seq_last (seq_idx is non-decreasing)
+            tail = c0
+            offs_r = gl.arange(0, 128, layout=_VEC)
+            for base in range(c0, c1, 128):
+                sq = gl.load(
+                    seq_idx_ptr + base + offs_r, mask=base + offs_r < c1, other=seq_last
                 )
-                _cta_barrier()  # every warp is done with slot s
+                tail += gl.sum((sq < seq_last).to(gl.int32), axis=0)
+
+            x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
+                _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
+            )
+            xcol = h * P
+            bcol = g * N
+            # The load cursor starts at the state pass's first row block when the
+            # next run continues seq_last, else at the output pass's.
+            if cont_out:
+                ikind = 0
+                ic = tail
+            else:
+                ikind = 1
+                ic = c0
+            ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
+            inb = gl.cdiv(ilen, _BLOCK_M)
+            ij = 0
+            for i in gl.static_range(_NUM_BUFFERS):
                 _issue(
-                    t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
-                    x_s, b_s, c_s, bars, xcol, bcol,
+                    i, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
+                    xcol, bcol,
                 )  # fmt: skip
                 ic, ij, inb, ist, ikind = _advance(
                     ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
                 )
-                t += 1
+            t = 0  # loads consumed
 
-        # ---- state passing between runs (memory ordering as in ssd_fused) -
-        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
-        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-        state_offs = offs_p[:, None] * N + offs_n[None, :]
-        if cont_in:
-            flag_prev = sync_ptr + 1 + (r - 1) * nheads + h
-            ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-            while ready == 0:
+            A = gl.load(A_ptr + h).to(gl.float32)
+            if HAS_DT_BIAS:  # noqa: SIM108
+                dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
+            else:
+                dt_bias = 0.0
+            wst_rows = _rows(wst_s)
+
+            # ---- state pass over the tail, if the next run continues it ------
+            s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
+            dA_tail = 0.0
+            if cont_out:  # noqa: SIM108
+                st_lo = tail
+            else:
+                st_lo = c1
+            for c in range(st_lo, c1):
+                cstart, clen = _chunk_bounds(cu_chunk_ptr, c)
+                dt_raw = _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB)
+                dA_tot = _chunk_factors(
+                    dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
+                    wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
+                )  # fmt: skip
+                dA_tail += dA_tot
+                s_acc = s_acc * _exp(dA_tot)
+                for k in range(gl.cdiv(clen, _BLOCK_M)):
+                    s = t % _NUM_BUFFERS
+                    mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
+                    s_acc = _state_block(
+                        s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s)
+                    )
+                    _cta_barrier()  # every warp is done with slot s
+                    _issue(
+                        t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
+                        x_s, b_s, c_s, bars, xcol, bcol,
+                    )  # fmt: skip
+                    ic, ij, inb, ist, ikind = _advance(
+                        ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
+                    )
+                    t += 1
+
+            # ---- state passing between runs (memory ordering as in ssd_fused) -
+            offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
+            offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
+            state_offs = offs_p[:, None] * N + offs_n[None, :]
+            if cont_in:
+                flag_prev = sync_ptr + 1 + (r - 1) * nheads + h
                 ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-            _cta_barrier()
-            s_prev = gl.load(
-                ws_ptr + ((r - 1) * nheads + h).to(gl.int64) * (P * N) + state_offs,
-                cache_modifier=".cg",
-            )
-        else:
-            s_prev = _seq_init_state(
-                init_ptr, seq_first, h, stride_init_b, stride_init_h,
-                stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                HAS_INITSTATES,
-            )  # fmt: skip
-        if cont_out:
-            # the state entering the tail: s_prev, or seq_last's initial one
-            # where seq_last starts inside the run
-            if tail > c0:
-                s_in = _seq_init_state(
-                    init_ptr, seq_last, h, stride_init_b, stride_init_h,
+                while ready == 0:
+                    ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
+                _cta_barrier()
+                s_prev = gl.load(
+                    ws_ptr + ((r - 1) * nheads + h).to(gl.int64) * (P * N) + state_offs,
+                    cache_modifier=".cg",
+                )
+            else:
+                s_prev = _seq_init_state(
+                    init_ptr, seq_first, h, stride_init_b, stride_init_h,
                     stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
                     HAS_INITSTATES,
                 )  # fmt: skip
-            else:
-                s_in = s_prev
-            gl.store(
-                ws_ptr + (r * nheads + h).to(gl.int64) * (P * N) + state_offs,
-                _exp(dA_tail) * s_in + s_acc,
-                cache_modifier=".cg",
-            )
-            _cta_barrier()
-            gl.atomic_xchg(sync_ptr + 1 + r * nheads + h, 1, sem="release", scope="gpu")
+            if cont_out:
+                # the state entering the tail: s_prev, or seq_last's initial one
+                # where seq_last starts inside the run
+                if tail > c0:
+                    s_in = _seq_init_state(
+                        init_ptr, seq_last, h, stride_init_b, stride_init_h,
+                        stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                        HAS_INITSTATES,
+                    )  # fmt: skip
+                else:
+                    s_in = s_prev
+                gl.store(
+                    ws_ptr + (r * nheads + h).to(gl.int64) * (P * N) + state_offs,
+                    _exp(dA_tail) * s_in + s_acc,
+                    cache_modifier=".cg",
+                )
+                _cta_barrier()
+                gl.atomic_xchg(
+                    sync_ptr + 1 + r * nheads + h, 1, sem="release", scope="gpu"
+                )
 
-        # ---- output pass over the run's chunks -----------------------------
-        if HAS_D:
-            offs_po = gl.arange(0, P, layout=gl.SliceLayout(0, mma_o))
-            if D_HAS_HDIM:
-                Dv = gl.load(D_ptr + h * stride_D_h + offs_po).to(gl.float32)
+            # ---- output pass over the run's chunks -----------------------------
+            if HAS_D:
+                offs_po = gl.arange(0, P, layout=gl.SliceLayout(0, mma_o))
+                if D_HAS_HDIM:
+                    Dv = gl.load(D_ptr + h * stride_D_h + offs_po).to(gl.float32)
+                else:
+                    Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
             else:
-                Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
-        else:
-            Dv = 0.0
-        s_run = s_prev
-        st_s.store(s_run.to(st_s.dtype))
-        fence_async_shared()
-        _cta_barrier()
-        seq_c_prev = seq_first
-        # dt of the next chunk is requested a chunk ahead
-        nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
-        dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
-        for c in range(c0, c1):
-            cstart = nstart
-            clen = nlen
-            dt_raw = dt_next
-            if c + 1 < c1:
-                nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
-                dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
-            seq_c = gl.load(seq_idx_ptr + c)
-            if seq_c != seq_c_prev:  # a sequence starts inside the run
-                s_run = _seq_init_state(
-                    init_ptr, seq_c, h, stride_init_b, stride_init_h,
-                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                    HAS_INITSTATES,
+                Dv = 0.0
+            s_run = s_prev
+            st_s.store(s_run.to(st_s.dtype))
+            fence_async_shared()
+            _cta_barrier()
+            seq_c_prev = seq_first
+            # dt of the next chunk is requested a chunk ahead
+            nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
+            dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
+            for c in range(c0, c1):
+                cstart = nstart
+                clen = nlen
+                dt_raw = dt_next
+                if c + 1 < c1:
+                    nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
+                    dt_next = _dt_raw(
+                        dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB
+                    )
+                seq_c = gl.load(seq_idx_ptr + c)
+                if seq_c != seq_c_prev:  # a sequence starts inside the run
+                    s_run = _seq_init_state(
+                        init_ptr, seq_c, h, stride_init_b, stride_init_h,
+                        stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                        HAS_INITSTATES,
+                    )  # fmt: skip
+                    st_s.store(s_run.to(st_s.dtype))
+                    fence_async_shared()
+                _chunk_factors(
+                    dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
+                    wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
                 )  # fmt: skip
-                st_s.store(s_run.to(st_s.dtype))
-                fence_async_shared()
-            _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
-                wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
+                for k in range(gl.cdiv(clen, _BLOCK_M)):
+                    s = t % _NUM_BUFFERS
+                    mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
+                    s_run = _output_block(
+                        s_run, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                        c_s.index(s), st_s, y_s, out_desc, out_ptr, z_ptr, Dv,
+                        _rows(dt_s), _rows(cs_s), _rows(ecs_s), _rows(wout_s),
+                        stride_out_t, stride_out_h, stride_out_p, stride_z_t,
+                        stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+                    )  # fmt: skip
+                    _issue(
+                        t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
+                        x_s, b_s, c_s, bars, xcol, bcol,
+                    )  # fmt: skip
+                    ic, ij, inb, ist, ikind = _advance(
+                        ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
+                    )
+                    t += 1
+                # s_run is now the state at the chunk's end
+                if WRITE_INTER:
+                    inter_base = inter_ptr + c.to(gl.int64) * stride_inter_c
+                    _store_state(
+                        inter_base + h * stride_inter_h,
+                        s_run, offs_p, offs_n, stride_inter_p, stride_inter_n,
+                    )  # fmt: skip
+                if WRITE_FINAL:  # noqa: SIM102
+                    if c == gl.load(last_chunk_ptr + seq_c):
+                        if FINAL_HAS_INDICES:
+                            slot = gl.load(final_idx_ptr + seq_c * stride_final_idx)
+                            slot = slot.to(gl.int64)
+                        else:
+                            slot = seq_c.to(gl.int64)
+                        _store_state(
+                            final_ptr + slot * stride_final_s + h * stride_final_h,
+                            s_run, offs_p, offs_n, stride_final_p, stride_final_n,
+                        )  # fmt: skip
+                seq_c_prev = seq_c
+            tma.store_wait(0)
+            for i in gl.static_range(_NUM_BUFFERS):
+                mbarrier.invalidate(bars.index(i))
+        else:
+            # Ticket and work item, as in ssd_fused._ssd_fused_varlen_kernel.
+            ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed").to(gl.int64)
+            c = ticket // nheads
+            h = ticket % nheads
+            g = h // heads_per_group
+
+            chunk_start = gl.load(cu_chunk_ptr + c)
+            clen = gl.load(cu_chunk_ptr + c + 1) - chunk_start
+            seq = gl.load(seq_idx_ptr + c)
+            seq_prev = gl.load(seq_idx_ptr + c - 1, mask=c > 0, other=-1)
+            is_first = seq != seq_prev
+            is_last = c == gl.load(last_chunk_ptr + seq)
+            nblk = gl.cdiv(clen, _BLOCK_M)
+
+            x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
+                _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
+            )
+            xcol = (h * P).to(gl.int32)
+            bcol = (g * N).to(gl.int32)
+            # loads 0 .. nblk - 1: the state pass's row blocks (x, B); then the
+            # output pass's (x, B, C), requested two ahead across both passes
+            for i in gl.static_range(_NUM_BUFFERS):
+                kind = i // nblk
+                _issue(
+                    i, i - kind * nblk, chunk_start, kind, x_desc, b_desc, c_desc,
+                    x_s, b_s, c_s, bars, xcol, bcol,
+                )  # fmt: skip
+
+            # ---- A: dt of the chunk (once) and every per-row factor ----------
+            A = gl.load(A_ptr + h).to(gl.float32)
+            if HAS_DT_BIAS:  # noqa: SIM108
+                dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
+            else:
+                dt_bias = 0.0
+            dt_raw = _dt_raw(dt_ptr, chunk_start, clen, h, stride_dt_t, stride_dt_h, NB)
+            dA_tot = _chunk_factors(
+                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+                wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
             )  # fmt: skip
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
-                s = t % _NUM_BUFFERS
-                mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
+            wst_rows = _rows(wst_s)
+
+            # ---- B: chunk-local state, one row block at a time ---------------
+            s_loc = gl.zeros([P, N], gl.float32, layout=mma_s)
+            for k in range(nblk):
+                s = k % _NUM_BUFFERS
+                mbarrier.wait(bars.index(s), (k // _NUM_BUFFERS) & 1)
+                s_loc = _state_block(
+                    s_loc, wst_rows.index(k), x_s.index(s), b_s.index(s)
+                )
+                _cta_barrier()  # every warp is done with slot s
+                idx = k + _NUM_BUFFERS
+                kind = idx // nblk
+                _issue(
+                    idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
+                    c_desc, x_s, b_s, c_s, bars, xcol, bcol,
+                )  # fmt: skip
+
+            # ---- C: state passing (see ssd_fused for the memory ordering) ----
+            offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
+            offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
+            state_offs = offs_p[:, None] * N + offs_n[None, :]
+            if is_first:
+                s_prev = _seq_init_state(
+                    init_ptr, seq, h, stride_init_b, stride_init_h, stride_init_p,
+                    stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
+                )  # fmt: skip
+            else:
+                flag_prev = sync_ptr + 1 + (c - 1) * nheads + h
+                ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
+                while ready == 0:
+                    ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
+                _cta_barrier()
+                s_prev = gl.load(
+                    ws_ptr + ((c - 1) * nheads + h) * (P * N) + state_offs,
+                    cache_modifier=".cg",
+                )
+
+            s_end = _exp(dA_tot) * s_prev + s_loc
+            if is_last:
+                if WRITE_FINAL:
+                    if FINAL_HAS_INDICES:
+                        slot = gl.load(final_idx_ptr + seq * stride_final_idx)
+                        slot = slot.to(gl.int64)
+                    else:
+                        slot = seq.to(gl.int64)
+                    _store_state(
+                        final_ptr + slot * stride_final_s + h * stride_final_h,
+                        s_end, offs_p, offs_n, stride_final_p, stride_final_n,
+                    )  # fmt: skip
+            else:
+                gl.store(
+                    ws_ptr + (c * nheads + h) * (P * N) + state_offs,
+                    s_end,
+                    cache_modifier=".cg",
+                )
+                _cta_barrier()
+                gl.atomic_xchg(
+                    sync_ptr + 1 + c * nheads + h, 1, sem="release", scope="gpu"
+                )
+            if WRITE_INTER:
+                _store_state(
+                    inter_ptr + c * stride_inter_c + h * stride_inter_h,
+                    s_end, offs_p, offs_n, stride_inter_p, stride_inter_n,
+                )  # fmt: skip
+
+            # ---- D: outputs, BLOCK_M rows at a time ----------------------------
+            if HAS_D:
+                offs_po = gl.arange(0, P, layout=gl.SliceLayout(0, mma_o))
+                if D_HAS_HDIM:
+                    Dv = gl.load(D_ptr + h * stride_D_h + offs_po).to(gl.float32)
+                else:
+                    Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
+            else:
+                Dv = 0.0
+            s_run = s_prev
+            st_s.store(s_run.to(st_s.dtype))
+            fence_async_shared()
+            _cta_barrier()
+            for k in range(nblk):
+                idx = nblk + k
+                s = idx % _NUM_BUFFERS
+                mbarrier.wait(bars.index(s), (idx // _NUM_BUFFERS) & 1)
                 s_run = _output_block(
-                    s_run, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                    s_run, k, chunk_start, clen, h, xcol, x_s.index(s), b_s.index(s),
                     c_s.index(s), st_s, y_s, out_desc, out_ptr, z_ptr, Dv,
                     _rows(dt_s), _rows(cs_s), _rows(ecs_s), _rows(wout_s),
                     stride_out_t, stride_out_h, stride_out_p, stride_z_t,
                     stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
                 )  # fmt: skip
+                idx += _NUM_BUFFERS
+                kind = idx // nblk
                 _issue(
-                    t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
-                    x_s, b_s, c_s, bars, xcol, bcol,
+                    idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
+                    c_desc, x_s, b_s, c_s, bars, xcol, bcol,
                 )  # fmt: skip
-                ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
-                )
-                t += 1
-            # s_run is now the state at the chunk's end
-            if WRITE_INTER:
-                _store_state(
-                    inter_ptr + c.to(gl.int64) * stride_inter_c + h * stride_inter_h,
-                    s_run, offs_p, offs_n, stride_inter_p, stride_inter_n,
-                )  # fmt: skip
-            if WRITE_FINAL:  # noqa: SIM102
-                if c == gl.load(last_chunk_ptr + seq_c):
-                    if FINAL_HAS_INDICES:
-                        slot = gl.load(final_idx_ptr + seq_c * stride_final_idx)
-                        slot = slot.to(gl.int64)
-                    else:
-                        slot = seq_c.to(gl.int64)
-                    _store_state(
-                        final_ptr + slot * stride_final_s + h * stride_final_h,
-                        s_run, offs_p, offs_n, stride_final_p, stride_final_n,
-                    )  # fmt: skip
-            seq_c_prev = seq_c
-        tma.store_wait(0)
-        for i in gl.static_range(_NUM_BUFFERS):
-            mbarrier.invalidate(bars.index(i))
+            tma.store_wait(0)
+            for i in gl.static_range(_NUM_BUFFERS):
+                mbarrier.invalidate(bars.index(i))
 
 
 @cache
@@ -1025,12 +971,7 @@ def launch(
         slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
         n_seqs = last_chunk_indices.shape[0]
         run = run_chunks(n_chunks, n_seqs, nheads, chunk_size, slots)
-    if run > 0:
-        kernel = _ssd_fused_sm90_runs_kernel
-        n_items = -(-n_chunks // run) * nheads
-    else:
-        kernel = _ssd_fused_sm90_kernel
-        n_items = n_chunks * nheads
+    n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
     def rows_desc(t: torch.Tensor, width: int, layout) -> "TensorDescriptor":
@@ -1040,7 +981,7 @@ def launch(
             t, [seqlen, t.shape[1] * width], [t.stride(0), 1], [BLOCK_M, width], layout
         )
 
-    kernel[(n_items,)](
+    _ssd_fused_sm90_kernel[(n_items,)](
         rows_desc(x, headdim, row_layout),
         rows_desc(B, dstate, bc_layout),
         rows_desc(C, dstate, bc_layout),
@@ -1065,5 +1006,6 @@ def launch(
         WRITE_INTER=inter is not None,
         WRITE_FINAL=write_final,
         FINAL_HAS_INDICES=final_state_indices is not None,
+        RUNS=run > 0,
         num_warps=4,
     )  # fmt: skip
