@@ -404,6 +404,46 @@ if HAS_GLUON:
         return s_run
 
     @gluon.jit
+    def _take_state(ws_ptr, sync_ptr, item, state_offs):
+        """The fp32 state work item ``item`` handed over in the workspace
+        (after its flag is set; see ssd_fused for the memory ordering)."""
+        flag = sync_ptr + 1 + item
+        ready = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+        while ready == 0:
+            ready = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+        _cta_barrier()
+        size: gl.constexpr = state_offs.shape[0] * state_offs.shape[1]
+        return gl.load(
+            ws_ptr + item.to(gl.int64) * size + state_offs, cache_modifier=".cg"
+        )
+
+    @gluon.jit
+    def _hand_over(ws_ptr, sync_ptr, item, state_offs, s):
+        """Publish work item ``item``'s fp32 state s: workspace, then flag."""
+        size: gl.constexpr = state_offs.shape[0] * state_offs.shape[1]
+        gl.store(
+            ws_ptr + item.to(gl.int64) * size + state_offs, s, cache_modifier=".cg"
+        )
+        _cta_barrier()
+        gl.atomic_xchg(sync_ptr + 1 + item, 1, sem="release", scope="gpu")
+
+    @gluon.jit
+    def _load_D(
+        D_ptr, h, stride_D_h, P: gl.constexpr, layout: gl.constexpr,
+        HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr,
+    ):  # fmt: skip
+        """Head h's D (per head dim, in layout, or a scalar; 0.0 without)."""
+        if HAS_D:
+            if D_HAS_HDIM:
+                offs = gl.arange(0, P, layout=layout)
+                Dv = gl.load(D_ptr + h * stride_D_h + offs).to(gl.float32)
+            else:
+                Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
+        else:
+            Dv = 0.0
+        return Dv
+
+    @gluon.jit
     def _advance(ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr):
         """Move the run kernel's load cursor (row block ij of chunk ic, which
         has inb blocks from row ist, in pass ikind: 0 state pass, 1 output
@@ -641,15 +681,7 @@ if HAS_GLUON:
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
             state_offs = offs_p[:, None] * N + offs_n[None, :]
             if cont_in:
-                flag_prev = sync_ptr + 1 + (r - 1) * nheads + h
-                ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-                while ready == 0:
-                    ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-                _cta_barrier()
-                s_prev = gl.load(
-                    ws_ptr + ((r - 1) * nheads + h).to(gl.int64) * (P * N) + state_offs,
-                    cache_modifier=".cg",
-                )
+                s_prev = _take_state(ws_ptr, sync_ptr, (r - 1) * nheads + h, state_offs)
             else:
                 s_prev = _seq_init_state(
                     init_ptr, seq_first, h, stride_init_b, stride_init_h,
@@ -667,25 +699,13 @@ if HAS_GLUON:
                     )  # fmt: skip
                 else:
                     s_in = s_prev
-                gl.store(
-                    ws_ptr + (r * nheads + h).to(gl.int64) * (P * N) + state_offs,
-                    _exp(dA_tail) * s_in + s_acc,
-                    cache_modifier=".cg",
-                )
-                _cta_barrier()
-                gl.atomic_xchg(
-                    sync_ptr + 1 + r * nheads + h, 1, sem="release", scope="gpu"
-                )
+                s_end = _exp(dA_tail) * s_in + s_acc
+                _hand_over(ws_ptr, sync_ptr, r * nheads + h, state_offs, s_end)
 
             # ---- output pass over the run's chunks -----------------------------
-            if HAS_D:
-                offs_po = gl.arange(0, P, layout=gl.SliceLayout(0, mma_o))
-                if D_HAS_HDIM:
-                    Dv = gl.load(D_ptr + h * stride_D_h + offs_po).to(gl.float32)
-                else:
-                    Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
-            else:
-                Dv = 0.0
+            Dv = _load_D(
+                D_ptr, h, stride_D_h, P, gl.SliceLayout(0, mma_o), HAS_D, D_HAS_HDIM
+            )
             s_run = s_prev
             st_s.store(s_run.to(st_s.dtype))
             fence_async_shared()
@@ -824,15 +844,7 @@ if HAS_GLUON:
                     stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
                 )  # fmt: skip
             else:
-                flag_prev = sync_ptr + 1 + (c - 1) * nheads + h
-                ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-                while ready == 0:
-                    ready = gl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
-                _cta_barrier()
-                s_prev = gl.load(
-                    ws_ptr + ((c - 1) * nheads + h) * (P * N) + state_offs,
-                    cache_modifier=".cg",
-                )
+                s_prev = _take_state(ws_ptr, sync_ptr, (c - 1) * nheads + h, state_offs)
 
             s_end = _exp(dA_tot) * s_prev + s_loc
             if is_last:
@@ -847,15 +859,7 @@ if HAS_GLUON:
                         s_end, offs_p, offs_n, stride_final_p, stride_final_n,
                     )  # fmt: skip
             else:
-                gl.store(
-                    ws_ptr + (c * nheads + h) * (P * N) + state_offs,
-                    s_end,
-                    cache_modifier=".cg",
-                )
-                _cta_barrier()
-                gl.atomic_xchg(
-                    sync_ptr + 1 + c * nheads + h, 1, sem="release", scope="gpu"
-                )
+                _hand_over(ws_ptr, sync_ptr, c * nheads + h, state_offs, s_end)
             if WRITE_INTER:
                 _store_state(
                     inter_ptr + c * stride_inter_c + h * stride_inter_h,
@@ -863,14 +867,9 @@ if HAS_GLUON:
                 )  # fmt: skip
 
             # ---- D: outputs, BLOCK_M rows at a time ----------------------------
-            if HAS_D:
-                offs_po = gl.arange(0, P, layout=gl.SliceLayout(0, mma_o))
-                if D_HAS_HDIM:
-                    Dv = gl.load(D_ptr + h * stride_D_h + offs_po).to(gl.float32)
-                else:
-                    Dv = gl.load(D_ptr + h * stride_D_h).to(gl.float32)
-            else:
-                Dv = 0.0
+            Dv = _load_D(
+                D_ptr, h, stride_D_h, P, gl.SliceLayout(0, mma_o), HAS_D, D_HAS_HDIM
+            )
             s_run = s_prev
             st_s.store(s_run.to(st_s.dtype))
             fence_async_shared()
