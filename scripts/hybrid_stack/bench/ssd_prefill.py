@@ -65,11 +65,9 @@ def flops_per_token(d: dict[str, int]) -> int:
 
 def kernel_form(s: Inputs) -> str | None:
     """Which form of the fused kernel runs these inputs: "sm90" / "sm90-runs"
-    (the Gluon Hopper kernels of ssd_fused_sm90: chunk programs / runs of
+    (the Gluon Hopper kernel of ssd_fused_sm90: chunk programs / runs of
     chunks), "triton" (the portable kernel) or None (a stack without the
     forms)."""
-    import importlib
-
     mod = importlib.import_module(FUSED_MODULE)
     use_sm90 = getattr(mod, "use_sm90_kernel", None)
     if use_sm90 is None:
@@ -77,40 +75,40 @@ def kernel_form(s: Inputs) -> str | None:
     if not use_sm90(s.x, s.B, s.C, s.out, s.chunk):
         return "triton"
     sm90 = mod.ssd_fused_sm90
-    if not hasattr(sm90, "run_chunks"):
+    if not hasattr(sm90, "run_chunks"):  # a stack without runs
         return "sm90"
-    return "sm90-runs" if sm90_run_chunks(s, sm90, rule=True) else "sm90"
+    slots = _sm90_slots(s, sm90)
+    n_chunks, n_seqs = s.cu_chunk.shape[0] - 1, s.last_chunk.shape[0]
+    run = sm90.run_chunks(n_chunks, n_seqs, s.x.shape[1], s.chunk, slots)
+    return "sm90-runs" if run else "sm90"
 
 
-def sm90_run_chunks(s: Inputs, sm90: Any, rule: bool) -> int:
-    """The run length the sm_90 launcher picks for these inputs (rule=True),
-    or the run length of its rule with the run kernel taken whatever the
-    batch (rule=False: the run kernel's side of the comparison)."""
+def _sm90_slots(s: Inputs, sm90: Any) -> int:
+    """Resident programs of the sm_90 kernel on the inputs' GPU."""
     import torch
 
-    slots = (
-        sm90.RUN_SLOTS_PER_SM * torch.cuda.get_device_properties(s.x.device).multi_processor_count
-    )
-    n_chunks = s.cu_chunk.shape[0] - 1
-    nheads = s.x.shape[1]
-    n_seqs = s.last_chunk.shape[0]
-    chunk = s.chunk if rule else 1
-    return sm90.run_chunks(n_chunks, n_seqs, nheads, chunk, slots)
+    sms = torch.cuda.get_device_properties(s.x.device).multi_processor_count
+    return sm90.RUN_SLOTS_PER_SM * sms
+
+
+def runs_available() -> bool:
+    """Whether the stack's sm_90 kernel has the runs mode."""
+    return hasattr(importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_chunks")
 
 
 def time_other_sm90_kernel(
     timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, form: str
 ) -> tuple[str, float]:
-    """ms per call of the sm_90 kernel the launcher did not pick, on the same
-    inputs: the chunk-program kernel where the run kernel ran, else the run
-    kernel with the runs its rule would make."""
-    import importlib
-
+    """ms per call of the sm_90 mode the launcher did not pick, on the same
+    inputs: chunk programs where runs ran, else runs of the length the
+    launcher would use (``run_length``)."""
     sm90 = importlib.import_module(FUSED_MODULE).ssd_fused_sm90
     if form == "sm90-runs":
         name, run = "sm90_ms", 0
     else:
-        name, run = "sm90_runs_ms", sm90_run_chunks(sets[0], sm90, rule=False)
+        s = sets[0]
+        n_chunks = s.cu_chunk.shape[0] - 1
+        name, run = "sm90_runs_ms", sm90.run_length(n_chunks, s.x.shape[1], _sm90_slots(s, sm90))
     saved, sm90.RUN_CHUNKS = sm90.RUN_CHUNKS, run
     try:
         return name, timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
@@ -121,8 +119,6 @@ def time_other_sm90_kernel(
 def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int) -> float:
     """ms per call of the portable Triton form on the same inputs (the fused
     module's USE_SM90_KERNEL switched off for the measurement)."""
-    import importlib
-
     mod = importlib.import_module(FUSED_MODULE)
     saved, mod.USE_SM90_KERNEL = mod.USE_SM90_KERNEL, False
     try:
@@ -132,8 +128,6 @@ def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int)
 
 
 def load_fused() -> tuple[Any, str]:
-    import importlib
-
     try:
         mod = importlib.import_module(FUSED_MODULE)
         return getattr(mod, FUSED_NAME), ""
@@ -267,11 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         extra["value_kernel"] = form
                     if form in ("sm90", "sm90-runs"):
                         extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
-                        if hasattr(
-                            importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_chunks"
-                        ):
-                            name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
-                            extra[name] = ms
+                    if form == "sm90-runs" or (form == "sm90" and runs_available()):
+                        name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
+                        extra[name] = ms
                 if tokens <= args.split_max_tokens:
                     for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
                         if fn is not None:

@@ -164,6 +164,23 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _store_final_state(
+        final_ptr, final_idx_ptr, seq, h, s, offs_p, offs_n, stride_final_s,
+        stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
+        FINAL_HAS_INDICES: gl.constexpr,
+    ):  # fmt: skip
+        """Store sequence seq's final state s of head h in its state cache
+        slot (final_idx_ptr[seq], or seq without indices)."""
+        if FINAL_HAS_INDICES:
+            slot = gl.load(final_idx_ptr + seq * stride_final_idx).to(gl.int64)
+        else:
+            slot = seq.to(gl.int64)
+        _store_state(
+            final_ptr + slot * stride_final_s + h * stride_final_h,
+            s, offs_p, offs_n, stride_final_p, stride_final_n,
+        )  # fmt: skip
+
+    @gluon.jit
     def _seq_init_state(
         init_ptr, seq, h, stride_init_b, stride_init_h, stride_init_p,
         stride_init_n, offs_p, offs_n, layout: gl.constexpr,
@@ -763,19 +780,12 @@ if HAS_GLUON:
                     )  # fmt: skip
                 if WRITE_FINAL:  # noqa: SIM102
                     if c == gl.load(last_chunk_ptr + seq_c):
-                        if FINAL_HAS_INDICES:
-                            slot = gl.load(final_idx_ptr + seq_c * stride_final_idx)
-                            slot = slot.to(gl.int64)
-                        else:
-                            slot = seq_c.to(gl.int64)
-                        _store_state(
-                            final_ptr + slot * stride_final_s + h * stride_final_h,
-                            s_run, offs_p, offs_n, stride_final_p, stride_final_n,
+                        _store_final_state(
+                            final_ptr, final_idx_ptr, seq_c, h, s_run, offs_p,
+                            offs_n, stride_final_s, stride_final_h, stride_final_p,
+                            stride_final_n, stride_final_idx, FINAL_HAS_INDICES,
                         )  # fmt: skip
                 seq_c_prev = seq_c
-            tma.store_wait(0)
-            for i in gl.static_range(_NUM_BUFFERS):
-                mbarrier.invalidate(bars.index(i))
         else:
             # Ticket and work item, as in ssd_fused._ssd_fused_varlen_kernel.
             ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed").to(gl.int64)
@@ -849,14 +859,10 @@ if HAS_GLUON:
             s_end = _exp(dA_tot) * s_prev + s_loc
             if is_last:
                 if WRITE_FINAL:
-                    if FINAL_HAS_INDICES:
-                        slot = gl.load(final_idx_ptr + seq * stride_final_idx)
-                        slot = slot.to(gl.int64)
-                    else:
-                        slot = seq.to(gl.int64)
-                    _store_state(
-                        final_ptr + slot * stride_final_s + h * stride_final_h,
-                        s_end, offs_p, offs_n, stride_final_p, stride_final_n,
+                    _store_final_state(
+                        final_ptr, final_idx_ptr, seq, h, s_end, offs_p, offs_n,
+                        stride_final_s, stride_final_h, stride_final_p,
+                        stride_final_n, stride_final_idx, FINAL_HAS_INDICES,
                     )  # fmt: skip
             else:
                 _hand_over(ws_ptr, sync_ptr, c * nheads + h, state_offs, s_end)
@@ -891,14 +897,22 @@ if HAS_GLUON:
                     idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
                     c_desc, x_s, b_s, c_s, bars, xcol, bcol,
                 )  # fmt: skip
-            tma.store_wait(0)
-            for i in gl.static_range(_NUM_BUFFERS):
-                mbarrier.invalidate(bars.index(i))
+        # both: the last output store has left y_s
+        tma.store_wait(0)
+        for i in gl.static_range(_NUM_BUFFERS):
+            mbarrier.invalidate(bars.index(i))
 
 
 @cache
 def _num_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def run_length(n_chunks: int, nheads: int, slots: int) -> int:
+    """Chunks per run when the run kernel splits n_chunks chunks over
+    ``slots`` resident programs: ``slots // nheads`` runs, one wave (no state
+    pass where a run boundary falls between sequences)."""
+    return -(-n_chunks // max(1, slots // nheads))
 
 
 def run_chunks(
@@ -911,12 +925,10 @@ def run_chunks(
     chunks whatever its sequences (there the chunk programs' fixed cost per
     chunk weighs more than the state passes of split sequences: H200,
     Nemotron-H dims, one sequence, 16k / 256k tokens, 0.73 / 12.1 ms against
-    0.69 / 11.1). The chunks split into ``slots // nheads`` runs: one wave,
-    and no state pass where a run boundary falls between sequences."""
+    0.69 / 11.1), in ``run_length`` runs."""
     if n_seqs * nheads < slots and chunk_size > 128:
         return 0
-    n_runs = max(1, slots // nheads)
-    return -(-n_chunks // n_runs)
+    return run_length(n_chunks, nheads, slots)
 
 
 @cache
