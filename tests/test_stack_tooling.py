@@ -135,7 +135,9 @@ def test_check_detects_stale_overlay_and_patch(toy: Toy, capsys):
     out = capsys.readouterr()
     assert "stale patches/edit-core.patch  [edit-core]" in out.out
     assert "patches not up to date for edit-core" in out.err
-    assert toy.cli("export") == 0  # regenerate
+    assert toy.cli("export") == 2  # would drop the hand edit: only when told to
+    assert "changed since the last apply or export (patches/edit-core.patch)" in err(capsys)
+    assert toy.cli("export", "--force") == 0  # regenerate
     # a stray overlay file nobody owns
     stray = toy.root / "overlay/vllm/stray.py"
     stray.write_text("x = 1\n")
@@ -227,6 +229,35 @@ def test_dirty_work_tree_is_refused_and_kept(toy: Toy, capsys):
     assert (toy.work / "vllm/core.py").read_text() == "my unsaved work\n"
     assert (toy.work / "notes.txt").exists()
     assert git(toy.work, "rev-parse", "HEAD") == head
+
+
+def test_export_keeps_edits_made_since_apply(toy: Toy, capsys):
+    assert toy.cli("apply") == 0
+    add_entry(
+        toy,
+        "edit-core",
+        {"vllm/core.py": CORE_EDITED, "vllm/new_op.py": "NEW = 1\n"},
+        overlay=("vllm/new_op.py",),
+    )
+    assert toy.cli("export") == 0  # nothing edited since the last export
+    op = toy.root / "overlay/vllm/new_op.py"
+    op.write_text("NEW = 2\n")  # edited in overlay/, not in the work tree
+    capsys.readouterr()
+    assert toy.cli("export") == 2
+    assert (
+        "1 file(s) of patches/ or overlay/ changed since the last apply or export "
+        "(overlay/vllm/new_op.py); export would overwrite them" in err(capsys)
+    )
+    assert op.read_text() == "NEW = 2\n"
+    # apply takes the edit into the work tree; export then agrees with it
+    assert toy.cli("apply") == 0
+    assert (toy.work / "vllm/new_op.py").read_text() == "NEW = 2\n"
+    assert toy.cli("export") == 0
+    assert op.read_text() == "NEW = 2\n"
+    # --force drops an edit for the work tree's version
+    op.write_text("NEW = 3\n")
+    assert toy.cli("export", "--force") == 0
+    assert op.read_text() == "NEW = 2\n"
 
 
 def test_export_refuses_commit_without_trailer(toy: Toy, capsys):

@@ -309,6 +309,18 @@ def _write_state(repo: Repo, state: dict) -> None:
     (repo.git_dir() / STATE).write_text(json.dumps(state, indent=1) + "\n")
 
 
+def stack_digest(stack: Stack) -> dict[str, str]:
+    """sha256 of every file export writes (carried patches, overlay/), by path:
+    recorded as the state's "synced" when apply or export leaves patches/ and
+    overlay/ equal to the work tree, so export can tell later hand edits."""
+    from hybrid_stack.export import current_files
+
+    return {
+        rel: hashlib.sha256(c[1] if isinstance(c, tuple) else c).hexdigest()
+        for rel, c in current_files(stack).items()
+    }
+
+
 def open_work(stack: Stack, work: Path) -> Repo:
     """Validate an existing work tree: a clean stack repository on the pinned base."""
     repo = Repo(work)
@@ -390,6 +402,7 @@ def apply(stack: Stack, work: Path, source: str = "sdist", cont: bool = False) -
             print(f"apply: kept the previous head {head[:12]} as {backup}")
 
     repo.run("checkout", "--quiet", "--detach", start_commit)
+    synced = stack_digest(stack)
     entries_state = [
         {"name": e.name, "fp": fps[i], "commit": repo.rev(f"HEAD~{keep - 1 - i}")}
         for i, e in enumerate(carried[:keep])
@@ -400,12 +413,15 @@ def apply(stack: Stack, work: Path, source: str = "sdist", cont: bool = False) -
         conflict = apply_entry(stack, repo, e, i)
         if conflict:
             repo.run("checkout", "--quiet", "-B", BRANCH)
-            _write_state(repo, {"head": repo.rev("HEAD"), "entries": entries_state})
+            _write_state(
+                repo,
+                {"head": repo.rev("HEAD"), "entries": entries_state, "synced": synced},
+            )
             raise ApplyConflict(_conflict_message(stack, work, conflict, carried), e)
         entries_state.append({"name": e.name, "fp": fps[i], "commit": repo.rev("HEAD")})
         print(f"apply: [{i + 1}/{len(carried)}] {e.name} ({time.monotonic() - t1:.1f} s)")
     repo.run("checkout", "--quiet", "-B", BRANCH)
-    _write_state(repo, {"head": repo.rev("HEAD"), "entries": entries_state})
+    _write_state(repo, {"head": repo.rev("HEAD"), "entries": entries_state, "synced": synced})
     print(
         f"apply: {work} at {repo.rev('HEAD')[:12]}: {len(carried)} entries on "
         f"{stack.pin.tag} ({time.monotonic() - t0:.1f} s)"

@@ -171,10 +171,39 @@ def write_files(stack: Stack, files: dict[str, bytes | tuple[str, bytes]]) -> li
     return changed
 
 
+def edited_since_sync(stack: Stack, repo: Repo) -> list[str]:
+    """Files of patches/ and overlay/ changed on disk since apply or export
+    last left them equal to the work tree (export would overwrite them)."""
+    from hybrid_stack.apply import _read_state, stack_digest
+
+    synced = _read_state(repo).get("synced")
+    if synced is None:  # a work tree from before the record, or not by apply
+        return []
+    now = stack_digest(stack)
+    return sorted(rel for rel in set(now) | set(synced) if now.get(rel) != synced.get(rel))
+
+
 def run(args: argparse.Namespace) -> int:
+    from hybrid_stack.apply import _read_state, _write_state, stack_digest
+
     stack = load_stack(args.root, check_files=False)
     work = (args.work or stack.default_work).resolve()
-    changed = write_files(stack, export_files(stack, work))
+    files = export_files(stack, work)
+    repo = Repo(work)
+    edited = [] if args.force else edited_since_sync(stack, repo)
+    if edited:
+        shown = ", ".join(edited[:3]) + (" ..." if len(edited) > 3 else "")
+        raise StackError(
+            f"{len(edited)} file(s) of patches/ or overlay/ changed since the last apply "
+            f"or export ({shown}); export would overwrite them with {work}'s version. "
+            "Run apply to take them into the work tree first, or export --force to "
+            "drop them"
+        )
+    changed = write_files(stack, files)
+    state = _read_state(repo)
+    if state:
+        state["synced"] = stack_digest(stack)
+        _write_state(repo, state)
     for rel in changed:
         print(f"export: wrote {rel}")
     print(f"export: {len(changed)} file(s) changed" if changed else "export: up to date")
@@ -184,4 +213,9 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="regenerate patches/ and overlay/ from the work tree")
     p.add_argument("--work", type=Path, default=None, help="work tree (default work/vllm)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite patches/ and overlay/ files edited since the last apply / export",
+    )
     p.set_defaults(func=run)

@@ -75,12 +75,9 @@ def kernel_form(s: Inputs) -> str | None:
     if not use_sm90(s.x, s.B, s.C, s.out, s.chunk):
         return "triton"
     sm90 = mod.ssd_fused_sm90
-    if not hasattr(sm90, "run_chunks"):  # a stack without runs
+    if not hasattr(sm90, "run_length"):  # a stack without runs
         return "sm90"
-    slots = _sm90_slots(s, sm90)
-    n_chunks, n_seqs = s.cu_chunk.shape[0] - 1, s.last_chunk.shape[0]
-    run = sm90.run_chunks(n_chunks, n_seqs, s.x.shape[1], s.chunk, slots)
-    return "sm90-runs" if run else "sm90"
+    return "sm90" if sm90.RUN_CHUNKS == 0 else "sm90-runs"
 
 
 def _sm90_slots(s: Inputs, sm90: Any) -> int:
@@ -93,7 +90,7 @@ def _sm90_slots(s: Inputs, sm90: Any) -> int:
 
 def runs_available() -> bool:
     """Whether the stack's sm_90 kernel has the runs mode."""
-    return hasattr(importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_chunks")
+    return hasattr(importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_length")
 
 
 def time_other_sm90_kernel(

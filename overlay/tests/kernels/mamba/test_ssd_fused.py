@@ -534,24 +534,20 @@ def test_select_mamba_chunk_scan_varlen():
 
 
 @pytest.mark.parametrize(
-    "n_chunks,n_seqs,nheads,chunk_size,expect",
+    "n_chunks,nheads,expect",
     [
-        (64, 1, 128, 256, 0),  # one sequence: chunk programs
-        (64, 2, 128, 256, 0),  # 256 sequence-heads < 264 slots
-        (64, 8, 128, 256, 32),  # 2 runs of 32 chunks, one per slot
-        (65, 8, 128, 256, 33),
-        (64, 8, 80, 256, 22),  # 3 runs
-        (1, 8, 128, 256, 1),
-        (64, 3, 300, 256, 64),  # more heads than slots: one run per head
-        (128, 1, 128, 128, 64),  # 128-token chunks: runs whatever the batch
+        (64, 128, 32),  # 2 runs per head, one per program slot
+        (65, 128, 33),
+        (64, 80, 22),  # 3 runs per head
+        (1, 128, 1),
+        (64, 8, 2),  # 33 runs per head
+        (64, 300, 64),  # more heads than slots: one run per head
     ],
 )
-def test_run_chunks_rule(n_chunks, n_seqs, nheads, chunk_size, expect):
-    """The sm_90 run kernel takes prefills where sequences x heads fill the
-    264 program slots (2 x 132 SMs), and those of 128-token chunks, as
-    slots // heads runs."""
-    got = ssd_fused_sm90.run_chunks(n_chunks, n_seqs, nheads, chunk_size, 264)
-    assert got == expect
+def test_run_length(n_chunks, nheads, expect):
+    """The sm_90 launcher's run kernel splits every head's chunks into
+    slots // heads runs (264 program slots: 2 x 132 SMs), one wave."""
+    assert ssd_fused_sm90.run_length(n_chunks, nheads, 264) == expect
 
 
 @pytest.mark.parametrize(

@@ -26,34 +26,36 @@ constexpr:
 * chunk programs (RUNS=False): one program per (chunk, head), like the Triton
   kernel: a state pass over the chunk, the chunk-end state handed to the next
   chunk's program, then the output pass.
-* runs (RUNS=True, "the run kernel"): one program per (run, head), a run being
-  ``run_chunks`` consecutive chunks of any sequences. The output pass carries
-  the running state from chunk to chunk in registers, so a chunk needs no
-  state pass and no hand-over, and its x / B tiles are read once instead of
-  twice; only where the next run continues a sequence does a program first
-  run the state pass over that sequence's chunks in its run (the run's tail)
-  and hand the state over. Where every resident program can take whole
-  sequences (``run_chunks``: sequences x heads >= 2 programs per SM) that
-  is never or rarely needed; ``run_chunks`` also picks it for 128-token
-  chunks. Measured on H200, 8 sequences of 2k tokens,
-  ms per call (chunk-program kernel / run kernel): granite-4.0-h-small 0.575
-  / 0.440, Mamba2-2.7B 0.362 / 0.338, Nemotron-H 0.739 / 0.503; with one
-  16k sequence the chunk-program kernel stays ahead (granite 0.569 against
-  0.58-0.70 for run lengths 1-32 chunks; results/ssd_fused_runs-h200 and
-  the sm90_ms / sm90_runs_ms columns of results/ssd_prefill-h200).
+* runs (RUNS=True, "the run kernel"; the launcher's choice): one program per
+  (run, head), a run being ``run_chunks`` consecutive chunks of any
+  sequences, ``slots // heads`` runs per head (``run_length``: one wave of
+  2 programs per SM). The output pass carries the running state from chunk
+  to chunk in registers, so a chunk needs no state pass and no hand-over,
+  and its x / B tiles are read once instead of twice. Only where the next
+  run continues a sequence is a state pass needed, over that sequence's
+  chunks in the run (the run's tail). It is split between the two programs
+  (``_split``), so that with one sequence over all runs of a head every
+  program does the same (runs - 1) / runs of a run's state pass and none
+  waits for its predecessor's.
+  Measured on H200 (results/ssd_prefill-h200 of the stack, the sm90_ms
+  column), ms per call, chunk programs / run kernel, granite-4.0-h-small
+  dims, 16k / 256k tokens: one sequence 0.571 / 9.28 against 0.467 / 7.83,
+  8 sequences 0.565 / 9.30 against 0.405 / 6.45 (Mamba2-2.7B, Nemotron-H:
+  0.359-0.700 / 6.07-11.3 against 0.296-0.564 / 4.40-9.58); the chunk
+  programs run only where forced (``RUN_CHUNKS = 0``: tests, benchmarks).
 
 Gluon is Triton's experimental lower-level language; this module compiles with
 the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
 with the one it has run with (``GLUON_TESTED_TRITON``).
 
 Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
-at 16k / 256k tokens, one process): the chain 1.00 / 19.7, the Triton kernel
-0.87 / 13.5, the chunk-program kernel 0.58 / 9.5 (the stack's
-results/ssd_prefill-h200). A plain port of the Triton kernel's steps
-measured 0.80 / 12.5; dt kept in shared memory and the TMA output stores
-took it to 0.65 / 10.1 (results/ssd_fused_ablation-h200, run sm90-form), and
-the per-row factors computed once per program to 0.58 / 9.4 (run
-sm90-breakdown).
+at 16k / 256k tokens, one process): the chain 1.01 / 20.4, the Triton kernel
+0.87 / 13.4, the chunk-program kernel 0.57 / 9.3, the run kernel 0.47 / 7.8
+(the stack's results/ssd_prefill-h200). In earlier runs a plain port of the
+Triton kernel's steps measured 0.80 / 12.5; dt kept in shared memory and the
+TMA output stores took it to 0.65 / 10.1 (results/ssd_fused_ablation-h200,
+run sm90-form), and the per-row factors computed once per program to
+0.58 / 9.4 (run sm90-breakdown).
 
 Used by ``mamba_chunk_scan_fused_varlen`` where ``ssd_fused.use_sm90_kernel``
 holds: ``supports`` below (sm_90, bf16 x / B / C / out with unit-stride,
@@ -101,8 +103,8 @@ NUM_BUFFERS = 2  # depth of the TMA ring
 # memory each): the run kernel's programs per SM when it splits the chunks
 # into runs.
 RUN_SLOTS_PER_SM = 2
-# Chunks per program of the run kernel: None = by run_chunks() below; tests
-# and benchmarks force 0 (the chunk-program kernel) or a run length.
+# Chunks per program of the run kernel: None = run_length() below; tests and
+# benchmarks force 0 (the chunk-program kernel) or a run length.
 RUN_CHUNKS: int | None = None
 
 
@@ -248,16 +250,18 @@ if HAS_GLUON:
     def _chunk_factors(
         dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
         wout_s, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-        DT_SOFTPLUS: gl.constexpr,
+        DT_SOFTPLUS: gl.constexpr, STATE_W: gl.constexpr, OUT_W: gl.constexpr,
     ):  # fmt: skip
-        """Every per-row factor both passes derive from dt, into shared
-        memory, row block k in row k: dt = clamp(softplus?(dt + dt_bias)),
-        the cumsums cs of dt * A within the block, exp(cs), the state pass's
-        weights dt * exp(dA_tot - chunk cumsum) (the chunk cumsum is cs plus
-        the totals of the blocks before) and the output pass's
-        dt * exp(block total - cs). The passes load them in the layouts they
-        need, with no scans, reductions or layout changes per row block.
-        Returns dA_tot, the chunk's total."""
+        """The per-row factors the passes derive from dt, into shared memory,
+        row block k in row k: dt = clamp(softplus?(dt + dt_bias)), and
+        with STATE_W the state pass's weights dt * exp(dA_tot - chunk
+        cumsum) (the chunk cumsum is the block's cumsum cs of dt * A plus
+        the totals of the blocks before), with OUT_W the output pass's dt,
+        cs, exp(cs) and dt * exp(block total - cs). The passes load them in
+        the layouts they need, with no scans, reductions or layout changes
+        per row block. A warp holds a row block, so only STATE_W exchanges
+        data across warps (once). Returns dA_tot, the chunk's total
+        (with STATE_W, else 0)."""
         offs = (
             gl.arange(0, NB, layout=gl.SliceLayout(1, _BLK_C))[:, None] * _BLOCK_M
             + gl.arange(0, _BLOCK_M, layout=gl.SliceLayout(0, _BLK_C))[None, :]
@@ -271,17 +275,22 @@ if HAS_GLUON:
         dA = dt * A
         cs = gl.associative_scan(dA, 1, _add)
         blk_tot = gl.sum(dA, axis=1)
-        rowid = gl.arange(0, NB, layout=gl.SliceLayout(1, _BLK_C))
-        start = gl.zeros([NB], gl.float32, layout=gl.SliceLayout(1, _BLK_C))
-        for r in gl.static_range(NB):
-            tot_r = gl.sum(gl.where(rowid == r, blk_tot, 0.0), axis=0)
-            start += gl.where(rowid > r, tot_r, 0.0)
-        dA_tot = gl.sum(blk_tot, axis=0)
-        dt_s.store(dt)
-        cs_s.store(cs)
-        ecs_s.store(_exp(cs))
-        wst_s.store(dt * _exp(gl.minimum(dA_tot - (start[:, None] + cs), 0.0)))
-        wout_s.store(dt * _exp(gl.minimum(blk_tot[:, None] - cs, 0.0)))
+        dA_tot = 0.0
+        if STATE_W:
+            # every block total in every warp (the one exchange across warps),
+            # then the totals of the blocks before each block, warp-locally
+            tot_j = gl.convert_layout(blk_tot, gl.SliceLayout(0, _BLK_C))
+            rows = gl.arange(0, NB, layout=gl.SliceLayout(1, _BLK_C))
+            cols = gl.arange(0, NB, layout=gl.SliceLayout(0, _BLK_C))
+            before = cols[None, :] < rows[:, None]
+            start = gl.sum(gl.where(before, tot_j[None, :], 0.0), axis=1)
+            dA_tot = gl.sum(tot_j, axis=0)
+            wst_s.store(dt * _exp(gl.minimum(dA_tot - (start[:, None] + cs), 0.0)))
+        if OUT_W:
+            dt_s.store(dt)
+            cs_s.store(cs)
+            ecs_s.store(_exp(cs))
+            wout_s.store(dt * _exp(gl.minimum(blk_tot[:, None] - cs, 0.0)))
         _cta_barrier()
         return dA_tot
 
@@ -337,8 +346,6 @@ if HAS_GLUON:
         )
         row_o: gl.constexpr = gl.SliceLayout(1, mma_o)
         col_o: gl.constexpr = gl.SliceLayout(0, mma_o)
-        # a vector held whole by every warp (warp-local reductions)
-        vec_w: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])
         offs_i = gl.arange(0, _BLOCK_M, layout=row_o)
         offs_j = gl.arange(0, _BLOCK_M, layout=col_o)
         offs_po = gl.arange(0, P, layout=col_o)
@@ -376,8 +383,7 @@ if HAS_GLUON:
             lmat, xs, inter * ecs_rows.index(k).load(row_o)[:, None], is_async=True
         )
         # exp(block total): the block's last exp(cs) (dt is 0 past clen)
-        last_w = gl.arange(0, _BLOCK_M, layout=vec_w) == _BLOCK_M - 1
-        e_blk = gl.sum(gl.where(last_w, ecs_rows.index(k).load(vec_w), 0.0), axis=0)
+        e_blk = gl.sum(ecs_rows.index(k).slice(_BLOCK_M - 1, 1).load(_VEC), axis=0)
         s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
         if HAS_D:
             xo = xs.load(mma_o).to(gl.float32)
@@ -421,7 +427,19 @@ if HAS_GLUON:
         return s_run
 
     @gluon.jit
-    def _take_state(ws_ptr, sync_ptr, item, state_offs):
+    def _ws_ptrs(ws_ptr, item, P: gl.constexpr, N: gl.constexpr, layout: gl.constexpr):
+        """Pointers to the fp32 (P, N) state of workspace item ``item``, in
+        layout."""
+        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, layout))
+        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, layout))
+        return (
+            ws_ptr + item.to(gl.int64) * (P * N) + offs_p[:, None] * N + offs_n[None, :]
+        )
+
+    @gluon.jit
+    def _take_state(
+        ws_ptr, sync_ptr, item, P: gl.constexpr, N: gl.constexpr, layout: gl.constexpr
+    ):
         """The fp32 state work item ``item`` handed over in the workspace
         (after its flag is set; see ssd_fused for the memory ordering)."""
         flag = sync_ptr + 1 + item
@@ -429,18 +447,15 @@ if HAS_GLUON:
         while ready == 0:
             ready = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
         _cta_barrier()
-        size: gl.constexpr = state_offs.shape[0] * state_offs.shape[1]
-        return gl.load(
-            ws_ptr + item.to(gl.int64) * size + state_offs, cache_modifier=".cg"
-        )
+        return gl.load(_ws_ptrs(ws_ptr, item, P, N, layout), cache_modifier=".cg")
 
     @gluon.jit
-    def _hand_over(ws_ptr, sync_ptr, item, state_offs, s):
-        """Publish work item ``item``'s fp32 state s: workspace, then flag."""
-        size: gl.constexpr = state_offs.shape[0] * state_offs.shape[1]
-        gl.store(
-            ws_ptr + item.to(gl.int64) * size + state_offs, s, cache_modifier=".cg"
-        )
+    def _hand_over(ws_ptr, sync_ptr, item, s, layout: gl.constexpr):
+        """Publish work item ``item``'s fp32 state s (in layout): workspace,
+        then flag."""
+        P: gl.constexpr = s.shape[0]
+        N: gl.constexpr = s.shape[1]
+        gl.store(_ws_ptrs(ws_ptr, item, P, N, layout), s, cache_modifier=".cg")
         _cta_barrier()
         gl.atomic_xchg(sync_ptr + 1 + item, 1, sem="release", scope="gpu")
 
@@ -461,22 +476,102 @@ if HAS_GLUON:
         return Dv
 
     @gluon.jit
-    def _advance(ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr):
+    def _settle(ic, ikind, own_hi, help_lo, c0, c1):
+        """Move the run kernel's load cursor (chunk ic of pass ikind) past
+        the passes it has finished. Its passes, in order: 0, the state pass
+        over the run's own tail chunks (up to own_hi); 1, the state pass over
+        the previous run's tail chunks [help_lo, c0); 2, the output pass over
+        the run [c0, c1); 3, done."""
+        if (ikind == 0) & (ic >= own_hi):
+            ikind = 1
+            ic = help_lo
+        if (ikind == 1) & (ic >= c0):
+            ikind = 2
+            ic = c0
+        if (ikind == 2) & (ic >= c1):
+            ikind = 3
+        return ic, ikind
+
+    @gluon.jit
+    def _advance(ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr):
         """Move the run kernel's load cursor (row block ij of chunk ic, which
-        has inb blocks from row ist, in pass ikind: 0 state pass, 1 output
-        pass, 2 and up done) one row block on: the state pass runs to the
-        run's end c1, then the output pass from the run's start c0."""
+        has inb blocks from row ist, in pass ikind; see _settle) one row
+        block on."""
         ij += 1
         if ij >= inb:
             ij = 0
-            ic += 1
-            if ic >= c1:
-                ic = c0
-                ikind += 1
-            if ikind < 2:
+            ic, ikind = _settle(ic + 1, ikind, own_hi, help_lo, c0, c1)
+            if ikind < 3:
                 ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
                 inb = gl.cdiv(ilen, _BLOCK_M)
         return ic, ij, inb, ist, ikind
+
+    @gluon.jit
+    def _issue_run(
+        t, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        bcol,
+    ):  # fmt: skip
+        """_issue for the run kernel's cursor: its passes 0 and 1 are state
+        passes, 2 the output pass."""
+        _issue(
+            t, ij, ist, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
+            x_s, b_s, c_s, bars, xcol, bcol,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _first_of(seq_idx_ptr, lo, hi, seq):
+        """The first of chunks [lo, hi) in sequence seq or a later one (hi if
+        none; seq_idx is non-decreasing)."""
+        first = lo
+        offs = gl.arange(0, 128, layout=_VEC)
+        for base in range(lo, hi, 128):
+            sq = gl.load(seq_idx_ptr + base + offs, mask=base + offs < hi, other=seq)
+            first += gl.sum((sq < seq).to(gl.int32), axis=0)
+        return first
+
+    @gluon.jit
+    def _split(lo, hi, r, n_runs):
+        """Where the state pass over run r's tail [lo, hi) is split: run r's
+        program takes [lo, split), run r + 1's [split, hi). Run r keeps
+        (n_runs - 1 - r) / n_runs of it: where one sequence spans all
+        n_runs runs of a head (in one wave), every program then has the same
+        state-pass work, (n_runs - 1) / n_runs of a run, and none waits for
+        its predecessor's hand-over."""
+        return lo + ((hi - lo) * (n_runs - 1 - r) + n_runs // 2) // n_runs
+
+    @gluon.jit
+    def _state_chunk(
+        c, s_acc, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
+        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
+        b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+        DT_SOFTPLUS: gl.constexpr,
+    ):  # fmt: skip
+        """The run kernel's state pass over chunk c: s_acc carried over the
+        chunk (decayed, plus the chunk's own contribution). Returns it, the
+        chunk's dA total, and the load count and cursor moved on."""
+        cstart, clen = _chunk_bounds(cu_chunk_ptr, c)
+        dt_raw = _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB)
+        dA_tot = _chunk_factors(
+            dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+            wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, False,
+        )  # fmt: skip
+        s_acc = s_acc * _exp(dA_tot)
+        wst_rows = _rows(wst_s)
+        for k in range(gl.cdiv(clen, _BLOCK_M)):
+            s = t % _NUM_BUFFERS
+            mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
+            s_acc = _state_block(s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s))
+            _cta_barrier()  # every warp is done with slot s
+            _issue_run(
+                t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc, x_s,
+                b_s, c_s, bars, xcol, bcol,
+            )  # fmt: skip
+            ic, ij, inb, ist, ikind = _advance(
+                ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+            )
+            t += 1
+        return s_acc, dA_tot, t, ic, ij, inb, ist, ikind
 
     @gluon.jit
     def _allocate(
@@ -619,38 +714,45 @@ if HAS_GLUON:
             cont_out = seq_last == gl.load(
                 seq_idx_ptr + c1, mask=c1 < n_chunks, other=-1
             )
-            # the tail: the run's chunks of seq_last (seq_idx is non-decreasing)
-            tail = c0
-            offs_r = gl.arange(0, 128, layout=_VEC)
-            for base in range(c0, c1, 128):
-                sq = gl.load(
-                    seq_idx_ptr + base + offs_r, mask=base + offs_r < c1, other=seq_last
-                )
-                tail += gl.sum((sq < seq_last).to(gl.int32), axis=0)
+            # the tail: the run's chunks of seq_last
+            tail = _first_of(seq_idx_ptr, c0, c1, seq_last)
+            # Where the next run continues seq_last it needs the state at the
+            # run's end. The state pass over the tail is split between the two
+            # programs (_split), so the next one does not wait for a whole
+            # tail's pass: this program takes the tail's first part [tail,
+            # own_hi) and hands over the state at own_hi, the next run's
+            # program the rest. Where this run continues the previous run's
+            # seq_first, it takes the rest of that run's tail, [help_lo, c0).
+            # Own part first: a program's hand-over then waits only for its
+            # predecessor's, not for the state passes of all runs before.
+            n_runs = gl.cdiv(n_chunks, run_chunks)
+            if cont_out:  # noqa: SIM108
+                own_hi = _split(tail, c1, r, n_runs)
+            else:
+                own_hi = tail
+            if cont_in:
+                prev_tail = _first_of(seq_idx_ptr, c0 - run_chunks, c0, seq_first)
+                help_lo = _split(prev_tail, c0, r - 1, n_runs)
+            else:
+                help_lo = c0
 
             x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
                 _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
             )
             xcol = h * P
             bcol = g * N
-            # The load cursor starts at the state pass's first row block when the
-            # next run continues seq_last, else at the output pass's.
-            if cont_out:
-                ikind = 0
-                ic = tail
-            else:
-                ikind = 1
-                ic = c0
+            # the load cursor, at the first row block of its first pass
+            ic, ikind = _settle(tail, gl.to_tensor(0), own_hi, help_lo, c0, c1)
             ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
             inb = gl.cdiv(ilen, _BLOCK_M)
             ij = 0
             for i in gl.static_range(_NUM_BUFFERS):
-                _issue(
+                _issue_run(
                     i, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
                     xcol, bcol,
                 )  # fmt: skip
                 ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
+                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
                 )
             t = 0  # loads consumed
 
@@ -659,46 +761,47 @@ if HAS_GLUON:
                 dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
             else:
                 dt_bias = 0.0
-            wst_rows = _rows(wst_s)
+            item = r * nheads + h
 
-            # ---- state pass over the tail, if the next run continues it ------
+            # ---- state passes: own tail part, then the previous run's rest --
             s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
-            dA_tail = 0.0
-            if cont_out:  # noqa: SIM108
-                st_lo = tail
-            else:
-                st_lo = c1
-            for c in range(st_lo, c1):
-                cstart, clen = _chunk_bounds(cu_chunk_ptr, c)
-                dt_raw = _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB)
-                dA_tot = _chunk_factors(
-                    dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
-                    wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
+            dA_own = 0.0
+            for c in range(tail, own_hi):
+                s_acc, dA_c, t, ic, ij, inb, ist, ikind = _state_chunk(
+                    c, s_acc, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+                    cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+                    dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
+                    bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+                    DT_SOFTPLUS,
                 )  # fmt: skip
-                dA_tail += dA_tot
-                s_acc = s_acc * _exp(dA_tot)
-                for k in range(gl.cdiv(clen, _BLOCK_M)):
-                    s = t % _NUM_BUFFERS
-                    mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
-                    s_acc = _state_block(
-                        s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s)
-                    )
-                    _cta_barrier()  # every warp is done with slot s
-                    _issue(
-                        t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
-                        x_s, b_s, c_s, bars, xcol, bcol,
-                    )  # fmt: skip
-                    ic, ij, inb, ist, ikind = _advance(
-                        ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
-                    )
-                    t += 1
+                dA_own += dA_c
+            if cont_out:
+                # parked in this program's own workspace item (its flag is
+                # still 0), read back by the same threads below
+                own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
+                gl.store(own_ptrs, s_acc, cache_modifier=".cg")
+            s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
+            dA_help = 0.0
+            for c in range(help_lo, c0):
+                s_acc, dA_c, t, ic, ij, inb, ist, ikind = _state_chunk(
+                    c, s_acc, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+                    cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+                    dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
+                    bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+                    DT_SOFTPLUS,
+                )  # fmt: skip
+                dA_help += dA_c
 
             # ---- state passing between runs (memory ordering as in ssd_fused) -
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-            state_offs = offs_p[:, None] * N + offs_n[None, :]
             if cont_in:
-                s_prev = _take_state(ws_ptr, sync_ptr, (r - 1) * nheads + h, state_offs)
+                # the previous run hands over the state at help_lo
+                s_prev = (
+                    _exp(dA_help)
+                    * _take_state(ws_ptr, sync_ptr, item - nheads, P, N, mma_s)
+                    + s_acc
+                )
             else:
                 s_prev = _seq_init_state(
                     init_ptr, seq_first, h, stride_init_b, stride_init_h,
@@ -716,8 +819,9 @@ if HAS_GLUON:
                     )  # fmt: skip
                 else:
                     s_in = s_prev
-                s_end = _exp(dA_tail) * s_in + s_acc
-                _hand_over(ws_ptr, sync_ptr, r * nheads + h, state_offs, s_end)
+                own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
+                s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
+                _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
 
             # ---- output pass over the run's chunks -----------------------------
             Dv = _load_D(
@@ -751,7 +855,7 @@ if HAS_GLUON:
                     fence_async_shared()
                 _chunk_factors(
                     dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
-                    wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
+                    wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, False, True,
                 )  # fmt: skip
                 for k in range(gl.cdiv(clen, _BLOCK_M)):
                     s = t % _NUM_BUFFERS
@@ -763,12 +867,14 @@ if HAS_GLUON:
                         stride_out_t, stride_out_h, stride_out_p, stride_z_t,
                         stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
                     )  # fmt: skip
-                    _issue(
+                    _issue_run(
                         t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
                         x_s, b_s, c_s, bars, xcol, bcol,
                     )  # fmt: skip
+                    # (the cursor is past the state passes here: own_hi and
+                    # help_lo need not stay live)
                     ic, ij, inb, ist, ikind = _advance(
-                        ic, ij, inb, ist, ikind, c0, c1, cu_chunk_ptr
+                        ic, ij, inb, ist, ikind, c0, c0, c0, c1, cu_chunk_ptr
                     )
                     t += 1
                 # s_run is now the state at the chunk's end
@@ -824,7 +930,7 @@ if HAS_GLUON:
             dt_raw = _dt_raw(dt_ptr, chunk_start, clen, h, stride_dt_t, stride_dt_h, NB)
             dA_tot = _chunk_factors(
                 dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
-                wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS,
+                wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, True,
             )  # fmt: skip
             wst_rows = _rows(wst_s)
 
@@ -847,14 +953,15 @@ if HAS_GLUON:
             # ---- C: state passing (see ssd_fused for the memory ordering) ----
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-            state_offs = offs_p[:, None] * N + offs_n[None, :]
             if is_first:
                 s_prev = _seq_init_state(
                     init_ptr, seq, h, stride_init_b, stride_init_h, stride_init_p,
                     stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
                 )  # fmt: skip
             else:
-                s_prev = _take_state(ws_ptr, sync_ptr, (c - 1) * nheads + h, state_offs)
+                s_prev = _take_state(
+                    ws_ptr, sync_ptr, (c - 1) * nheads + h, P, N, mma_s
+                )
 
             s_end = _exp(dA_tot) * s_prev + s_loc
             if is_last:
@@ -865,7 +972,7 @@ if HAS_GLUON:
                         stride_final_n, stride_final_idx, FINAL_HAS_INDICES,
                     )  # fmt: skip
             else:
-                _hand_over(ws_ptr, sync_ptr, c * nheads + h, state_offs, s_end)
+                _hand_over(ws_ptr, sync_ptr, c * nheads + h, s_end, mma_s)
             if WRITE_INTER:
                 _store_state(
                     inter_ptr + c * stride_inter_c + h * stride_inter_h,
@@ -909,26 +1016,10 @@ def _num_sms(device_index: int | None) -> int:
 
 
 def run_length(n_chunks: int, nheads: int, slots: int) -> int:
-    """Chunks per run when the run kernel splits n_chunks chunks over
-    ``slots`` resident programs: ``slots // nheads`` runs, one wave (no state
-    pass where a run boundary falls between sequences)."""
-    return -(-n_chunks // max(1, slots // nheads))
-
-
-def run_chunks(
-    n_chunks: int, n_seqs: int, nheads: int, chunk_size: int, slots: int
-) -> int:
     """Chunks per program of the run kernel for a prefill of n_chunks chunks
-    in n_seqs sequences on a GPU with ``slots`` resident programs; 0 means
-    the chunk-program kernel. The run kernel takes a prefill where every
-    program slot can take whole sequences of one head, and one of 128-token
-    chunks whatever its sequences (there the chunk programs' fixed cost per
-    chunk weighs more than the state passes of split sequences: H200,
-    Nemotron-H dims, one sequence, 16k / 256k tokens, 0.73 / 12.1 ms against
-    0.69 / 11.1), in ``run_length`` runs."""
-    if n_seqs * nheads < slots and chunk_size > 128:
-        return 0
-    return run_length(n_chunks, nheads, slots)
+    on a GPU with ``slots`` resident programs: ``slots // nheads`` runs per
+    head, one wave (at least one run per head)."""
+    return -(-n_chunks // max(1, slots // nheads))
 
 
 @cache
@@ -970,7 +1061,8 @@ def launch(
     final_state_indices: torch.Tensor | None,
     write_final: bool,
 ) -> None:
-    """Launch the chunk-program or the run kernel (``run_chunks``); argument
+    """Launch the run kernel (``run_length``; RUN_CHUNKS = 0: the
+    chunk-program kernel); argument
     checks, the workspace ``ws`` (fp32, K x H x P x N), the zeroed ``sync``
     buffer (1 + K * H int32) and the state outputs (and D with a unit last
     stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s."""
@@ -979,9 +1071,7 @@ def launch(
     n_chunks = cu_chunk_seqlens.shape[0] - 1
     run = RUN_CHUNKS
     if run is None:
-        slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
-        n_seqs = last_chunk_indices.shape[0]
-        run = run_chunks(n_chunks, n_seqs, nheads, chunk_size, slots)
+        run = run_length(n_chunks, nheads, RUN_SLOTS_PER_SM * _num_sms(x.device.index))
     n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
