@@ -312,6 +312,14 @@ if HAS_GLUON:
         return warpgroup_mma_wait(0, deps=(s_acc,))
 
     @gluon.jit
+    def _store_run_state(st_s, s_run):
+        """S_run, bf16, into shared memory for the next block's C.S_run, once
+        every warp's C.S_run has read the old one."""
+        _cta_barrier()
+        st_s.store(s_run.to(st_s.dtype))
+        fence_async_shared()
+
+    @gluon.jit
     def _output_block(
         s_run, k, cstart, clen, h, xcol, xs, bs, cs, st_s, y_s, out_desc, out_ptr,
         z_ptr, Dv, dt_rows, cs_rows, ecs_rows, wout_rows, stride_out_t,
@@ -326,9 +334,9 @@ if HAS_GLUON:
             y = exp(cs_i) C_i . S_run + (L o C_i B_i^T) x_i  (+ D x, * silu z)
 
         then S_run is advanced over the block (s_run returned, st_s
-        rewritten). C_i . B_i^T and C_i . S_run are in flight while the
-        decay factors and the state-update operand are computed; the state
-        update while y's epilogue runs."""
+        rewritten). C_i . B_i^T, C_i . S_run and the state update are in
+        flight while the decay factors are computed; y's dot while the new
+        state goes to shared memory."""
         P: gl.constexpr = xs.shape[1]
         N: gl.constexpr = bs.shape[1]
         io_dtype: gl.constexpr = xs.dtype
@@ -368,26 +376,34 @@ if HAS_GLUON:
         w_a = wout_rows.index(k).load(gl.SliceLayout(0, opa_s))
         xt = xs.permute((1, 0)).load(opa_s)
         xw = (xt.to(gl.float32) * w_a[None, :]).to(io_dtype)
+        # the state update for the next row block (on a chunk's last block:
+        # the state at the chunk's end), in flight behind the two dots;
+        # exp(block total) is the block's last exp(cs) (dt is 0 past clen)
+        e_blk = gl.sum(ecs_rows.index(k).slice(_BLOCK_M - 1, 1).load(_VEC), axis=0)
+        s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
         cs_i = cs_rows.index(k).load(row_o)
         dt_j = dt_rows.index(k).load(col_o)
         cs_j = cs_rows.index(k).load(col_o)
         fac = _exp(gl.minimum(cs_i[:, None] - cs_j[None, :], 0.0)) * dt_j[None, :]
-        cb = warpgroup_mma_wait(1, deps=(cb,))
+        cb = warpgroup_mma_wait(2, deps=(cb,))
         causal = offs_i[:, None] >= offs_j[None, :]
         lmat = gl.where(causal, cb * fac, 0.0).to(io_dtype)
         lmat = gl.convert_layout(lmat, opa_o)
-        inter = warpgroup_mma_wait(0, deps=(inter,))
-        # y, then the state update for the next row block (also issued on a
-        # chunk's last block: there it gives the state at the chunk's end)
-        y = warpgroup_mma(
-            lmat, xs, inter * ecs_rows.index(k).load(row_o)[:, None], is_async=True
-        )
-        # exp(block total): the block's last exp(cs) (dt is 0 past clen)
-        e_blk = gl.sum(ecs_rows.index(k).slice(_BLOCK_M - 1, 1).load(_VEC), axis=0)
-        s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
+        inter = warpgroup_mma_wait(1, deps=(inter,))
+        s_run = warpgroup_mma_wait(0, deps=(s_run,))
+        acc = inter * ecs_rows.index(k).load(row_o)[:, None]
         if HAS_D:
+            # the new S_run into shared memory (the next block's C.S_run)
+            # while y's dot runs
+            y = warpgroup_mma(lmat, xs, acc, is_async=True)
+            _store_run_state(st_s, s_run)
             xo = xs.load(mma_o).to(gl.float32)
-        y = warpgroup_mma_wait(1, deps=(y,))
+        else:
+            # the same order crashes ptxas (Triton 3.6's and 3.8's) without
+            # the D load between the store and the wait
+            _store_run_state(st_s, s_run)
+            y = warpgroup_mma(lmat, xs, acc, is_async=True)
+        y = warpgroup_mma_wait(0, deps=(y,))
         if HAS_D:
             if D_HAS_HDIM:
                 y += xo * Dv[None, :]
@@ -402,6 +418,8 @@ if HAS_GLUON:
                 other=0.0,
             ).to(gl.float32)
             y *= zv / (1.0 + gl.exp(-zv))
+        # Both branches end in a barrier: st_s is complete, and every warp is
+        # done with the ring slot.
         if m0 + _BLOCK_M <= clen:
             tma.store_wait(0)  # the previous block's store left y_s
             y_s.store(y.to(io_dtype))
@@ -419,11 +437,7 @@ if HAS_GLUON:
                 y.to(out_ptr.dtype.element_ty),
                 mask=mask_i[:, None],
             )
-        s_run = warpgroup_mma_wait(0, deps=(s_run,))
-        _cta_barrier()
-        st_s.store(s_run.to(io_dtype))
-        fence_async_shared()
-        _cta_barrier()  # also: every warp is done with the ring slot
+            _cta_barrier()
         return s_run
 
     @gluon.jit
@@ -540,18 +554,32 @@ if HAS_GLUON:
         return lo + ((hi - lo) * (n_runs - 1 - r) + n_runs // 2) // n_runs
 
     @gluon.jit
+    def _next_chunk(
+        c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
+        stride_dt_h, NB: gl.constexpr,
+    ):  # fmt: skip
+        """Chunk c's first row, length and dt (requested a chunk earlier), and
+        chunk c + 1's, requested now if c + 1 < hi."""
+        cstart = nstart
+        clen = nlen
+        dt_raw = dt_next
+        if c + 1 < hi:
+            nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
+            dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
+        return cstart, clen, dt_raw, nstart, nlen, dt_next
+
+    @gluon.jit
     def _state_chunk(
-        c, s_acc, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-        cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
-        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
-        b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+        cstart, clen, dt_raw, s_acc, t, ic, ij, inb, ist, ikind, own_hi,
+        help_lo, c0, c1, cu_chunk_ptr, A, dt_bias, dt_min, dt_max, dt_s, cs_s,
+        ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol,
+        bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
         DT_SOFTPLUS: gl.constexpr,
     ):  # fmt: skip
-        """The run kernel's state pass over chunk c: s_acc carried over the
-        chunk (decayed, plus the chunk's own contribution). Returns it, the
-        chunk's dA total, and the load count and cursor moved on."""
-        cstart, clen = _chunk_bounds(cu_chunk_ptr, c)
-        dt_raw = _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB)
+        """The run kernel's state pass over the chunk at rows [cstart, cstart
+        + clen) with dt dt_raw: s_acc carried over the chunk (decayed, plus
+        the chunk's own contribution). Returns it, the chunk's dA total, and
+        the load count and cursor moved on."""
         dA_tot = _chunk_factors(
             dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
             wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, False,
@@ -766,13 +794,18 @@ if HAS_GLUON:
             # ---- state passes: own tail part, then the previous run's rest --
             s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
             dA_own = 0.0
+            nstart, nlen = _chunk_bounds(cu_chunk_ptr, tail)
+            dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
             for c in range(tail, own_hi):
+                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                    c, own_hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
+                    stride_dt_t, stride_dt_h, NB,
+                )  # fmt: skip
                 s_acc, dA_c, t, ic, ij, inb, ist, ikind = _state_chunk(
-                    c, s_acc, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-                    cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
-                    dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-                    bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-                    DT_SOFTPLUS,
+                    cstart, clen, dt_raw, s_acc, t, ic, ij, inb, ist, ikind, own_hi,
+                    help_lo, c0, c1, cu_chunk_ptr, A, dt_bias, dt_min, dt_max, dt_s,
+                    cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc,
+                    c_desc, xcol, bcol, NB, HAS_DT_BIAS, DT_SOFTPLUS,
                 )  # fmt: skip
                 dA_own += dA_c
             if cont_out:
@@ -782,13 +815,18 @@ if HAS_GLUON:
                 gl.store(own_ptrs, s_acc, cache_modifier=".cg")
             s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
             dA_help = 0.0
+            nstart, nlen = _chunk_bounds(cu_chunk_ptr, help_lo)
+            dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
             for c in range(help_lo, c0):
+                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                    c, c0, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
+                    stride_dt_t, stride_dt_h, NB,
+                )  # fmt: skip
                 s_acc, dA_c, t, ic, ij, inb, ist, ikind = _state_chunk(
-                    c, s_acc, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-                    cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
-                    dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-                    bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-                    DT_SOFTPLUS,
+                    cstart, clen, dt_raw, s_acc, t, ic, ij, inb, ist, ikind, own_hi,
+                    help_lo, c0, c1, cu_chunk_ptr, A, dt_bias, dt_min, dt_max, dt_s,
+                    cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc,
+                    c_desc, xcol, bcol, NB, HAS_DT_BIAS, DT_SOFTPLUS,
                 )  # fmt: skip
                 dA_help += dA_c
 
@@ -832,18 +870,15 @@ if HAS_GLUON:
             fence_async_shared()
             _cta_barrier()
             seq_c_prev = seq_first
-            # dt of the next chunk is requested a chunk ahead
+            # dt of the next chunk is requested a chunk ahead (also in the
+            # state passes)
             nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
             dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
             for c in range(c0, c1):
-                cstart = nstart
-                clen = nlen
-                dt_raw = dt_next
-                if c + 1 < c1:
-                    nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
-                    dt_next = _dt_raw(
-                        dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB
-                    )
+                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                    c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
+                    stride_dt_t, stride_dt_h, NB,
+                )  # fmt: skip
                 seq_c = gl.load(seq_idx_ptr + c)
                 if seq_c != seq_c_prev:  # a sequence starts inside the run
                     s_run = _seq_init_state(
