@@ -787,10 +787,10 @@ def _mamba_chunk_scan_fused_fwd(
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
 # chain, back-to-back calls, 1 / 8 sequences: at 1k tokens (80-128 heads, the
-# Triton form) 4.45-7.35x, mostly host launch cost; from 4k x 128 heads (the
-# sm_90 Gluon form) 2.60-3.02x at 4k, 1.89-2.49x at 16k, 2.56-3.05x at 64k
-# and 2.22-3.18x at 256k tokens.  (Before dt was loaded once per chunk the
-# chain won at 16k and the band was (2**19, 2**23).)
+# Triton form) 4.11-8.82x, mostly host launch cost; from 4k x 128 heads (the
+# sm_90 Gluon form) 1.62-2.66x at 4k (host-bound too), 2.15-2.73x at 16k,
+# 2.77-3.19x at 64k and 2.58-3.23x at 256k tokens. (Before dt was loaded
+# once per chunk the chain won at 16k and the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 
 

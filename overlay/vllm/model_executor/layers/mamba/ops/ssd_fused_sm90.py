@@ -39,9 +39,9 @@ constexpr:
   waits for its predecessor's.
   Measured on H200 (results/ssd_prefill-h200 of the stack, the sm90_ms
   column), ms per call, chunk programs / run kernel, granite-4.0-h-small
-  dims, 16k / 256k tokens: one sequence 0.571 / 9.28 against 0.467 / 7.83,
-  8 sequences 0.565 / 9.30 against 0.405 / 6.45 (Mamba2-2.7B, Nemotron-H:
-  0.359-0.700 / 6.07-11.3 against 0.296-0.564 / 4.40-9.58); the chunk
+  dims, 16k / 256k tokens: one sequence 0.562 / 9.01 against 0.424 / 7.18,
+  8 sequences 0.555 / 9.00 against 0.371 / 6.18 (Mamba2-2.7B, Nemotron-H:
+  0.351-0.703 / 5.64-11.2 against 0.275-0.482 / 4.19-8.09); the chunk
   programs run only where forced (``RUN_CHUNKS = 0``: tests, benchmarks).
 
 Gluon is Triton's experimental lower-level language; this module compiles with
@@ -49,8 +49,8 @@ the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
 with the one it has run with (``GLUON_TESTED_TRITON``).
 
 Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
-at 16k / 256k tokens, one process): the chain 1.01 / 20.4, the Triton kernel
-0.87 / 13.4, the chunk-program kernel 0.57 / 9.3, the run kernel 0.47 / 7.8
+at 16k / 256k tokens, one process): the chain 1.00 / 19.9, the Triton kernel
+0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the run kernel 0.42 / 7.2
 (the stack's results/ssd_prefill-h200). In earlier runs a plain port of the
 Triton kernel's steps measured 0.80 / 12.5; dt kept in shared memory and the
 TMA output stores took it to 0.65 / 10.1 (results/ssd_fused_ablation-h200,
