@@ -19,6 +19,18 @@ def err(capsys: pytest.CaptureFixture) -> str:
     return capsys.readouterr().err.strip()
 
 
+def edit_core_with_overlay(toy: Toy) -> None:
+    """Apply, then add entry edit-core: a patch to vllm/core.py and the
+    overlay file vllm/new_op.py (NEW = 1)."""
+    assert toy.cli("apply") == 0
+    add_entry(
+        toy,
+        "edit-core",
+        {"vllm/core.py": CORE_EDITED, "vllm/new_op.py": "NEW = 1\n"},
+        overlay=("vllm/new_op.py",),
+    )
+
+
 # -- fetch ----------------------------------------------------------------------
 def test_fetch_verifies_and_caches(toy: Toy, capsys):
     assert toy.cli("fetch") == 0
@@ -120,13 +132,7 @@ def test_apply_keeps_unexported_commits(toy: Toy, capsys):
 
 
 def test_check_detects_stale_overlay_and_patch(toy: Toy, capsys):
-    assert toy.cli("apply") == 0
-    add_entry(
-        toy,
-        "edit-core",
-        {"vllm/core.py": CORE_EDITED, "vllm/new_op.py": "NEW = 1\n"},
-        overlay=("vllm/new_op.py",),
-    )
+    edit_core_with_overlay(toy)
     assert toy.cli("check") == 0
     # a hand edit of an exported patch's message is stale against series.toml
     p = toy.root / "patches/edit-core.patch"
@@ -232,13 +238,7 @@ def test_dirty_work_tree_is_refused_and_kept(toy: Toy, capsys):
 
 
 def test_export_keeps_edits_made_since_apply(toy: Toy, capsys):
-    assert toy.cli("apply") == 0
-    add_entry(
-        toy,
-        "edit-core",
-        {"vllm/core.py": CORE_EDITED, "vllm/new_op.py": "NEW = 1\n"},
-        overlay=("vllm/new_op.py",),
-    )
+    edit_core_with_overlay(toy)
     assert toy.cli("export") == 0  # nothing edited since the last export
     op = toy.root / "overlay/vllm/new_op.py"
     op.write_text("NEW = 2\n")  # edited in overlay/, not in the work tree

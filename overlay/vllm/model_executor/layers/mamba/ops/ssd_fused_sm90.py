@@ -569,37 +569,53 @@ if HAS_GLUON:
         return cstart, clen, dt_raw, nstart, nlen, dt_next
 
     @gluon.jit
-    def _state_chunk(
-        cstart, clen, dt_raw, s_acc, t, ic, ij, inb, ist, ikind, own_hi,
-        help_lo, c0, c1, cu_chunk_ptr, A, dt_bias, dt_min, dt_max, dt_s, cs_s,
-        ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol,
-        bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+    def _state_pass(
+        lo, hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
+        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
+        b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
         DT_SOFTPLUS: gl.constexpr,
     ):  # fmt: skip
-        """The run kernel's state pass over the chunk at rows [cstart, cstart
-        + clen) with dt dt_raw: s_acc carried over the chunk (decayed, plus
-        the chunk's own contribution). Returns it, the chunk's dA total, and
-        the load count and cursor moved on."""
-        dA_tot = _chunk_factors(
-            dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
-            wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, False,
-        )  # fmt: skip
-        s_acc = s_acc * _exp(dA_tot)
-        wst_rows = _rows(wst_s)
-        for k in range(gl.cdiv(clen, _BLOCK_M)):
-            s = t % _NUM_BUFFERS
-            mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
-            s_acc = _state_block(s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s))
-            _cta_barrier()  # every warp is done with slot s
-            _issue_run(
-                t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc, x_s,
-                b_s, c_s, bars, xcol, bcol,
+        """The run kernel's state pass over chunks [lo, hi) of one sequence,
+        from a zero state: returns the state it adds at hi, the chunks' dA
+        total, and the load count and cursor moved on."""
+        P: gl.constexpr = x_s.shape[2]
+        N: gl.constexpr = b_s.shape[2]
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
+        )
+        s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
+        dA = 0.0
+        nstart, nlen = _chunk_bounds(cu_chunk_ptr, lo)
+        dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
+        for c in range(lo, hi):
+            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
+                stride_dt_h, NB,
             )  # fmt: skip
-            ic, ij, inb, ist, ikind = _advance(
-                ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
-            )
-            t += 1
-        return s_acc, dA_tot, t, ic, ij, inb, ist, ikind
+            dA_tot = _chunk_factors(
+                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+                wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, False,
+            )  # fmt: skip
+            s_acc = s_acc * _exp(dA_tot)
+            wst_rows = _rows(wst_s)
+            for k in range(gl.cdiv(clen, _BLOCK_M)):
+                s = t % _NUM_BUFFERS
+                mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
+                s_acc = _state_block(
+                    s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s)
+                )
+                _cta_barrier()  # every warp is done with slot s
+                _issue_run(
+                    t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc, x_s,
+                    b_s, c_s, bars, xcol, bcol,
+                )  # fmt: skip
+                ic, ij, inb, ist, ikind = _advance(
+                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+                )
+                t += 1
+            dA += dA_tot
+        return s_acc, dA, t, ic, ij, inb, ist, ikind
 
     @gluon.jit
     def _allocate(
@@ -792,43 +808,25 @@ if HAS_GLUON:
             item = r * nheads + h
 
             # ---- state passes: own tail part, then the previous run's rest --
-            s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
-            dA_own = 0.0
-            nstart, nlen = _chunk_bounds(cu_chunk_ptr, tail)
-            dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
-            for c in range(tail, own_hi):
-                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
-                    c, own_hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
-                    stride_dt_t, stride_dt_h, NB,
-                )  # fmt: skip
-                s_acc, dA_c, t, ic, ij, inb, ist, ikind = _state_chunk(
-                    cstart, clen, dt_raw, s_acc, t, ic, ij, inb, ist, ikind, own_hi,
-                    help_lo, c0, c1, cu_chunk_ptr, A, dt_bias, dt_min, dt_max, dt_s,
-                    cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc,
-                    c_desc, xcol, bcol, NB, HAS_DT_BIAS, DT_SOFTPLUS,
-                )  # fmt: skip
-                dA_own += dA_c
+            s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
+                tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+                cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+                dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
+                bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+                DT_SOFTPLUS,
+            )  # fmt: skip
             if cont_out:
                 # parked in this program's own workspace item (its flag is
                 # still 0), read back by the same threads below
                 own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
-                gl.store(own_ptrs, s_acc, cache_modifier=".cg")
-            s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
-            dA_help = 0.0
-            nstart, nlen = _chunk_bounds(cu_chunk_ptr, help_lo)
-            dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
-            for c in range(help_lo, c0):
-                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
-                    c, c0, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
-                    stride_dt_t, stride_dt_h, NB,
-                )  # fmt: skip
-                s_acc, dA_c, t, ic, ij, inb, ist, ikind = _state_chunk(
-                    cstart, clen, dt_raw, s_acc, t, ic, ij, inb, ist, ikind, own_hi,
-                    help_lo, c0, c1, cu_chunk_ptr, A, dt_bias, dt_min, dt_max, dt_s,
-                    cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc,
-                    c_desc, xcol, bcol, NB, HAS_DT_BIAS, DT_SOFTPLUS,
-                )  # fmt: skip
-                dA_help += dA_c
+                gl.store(own_ptrs, s_own, cache_modifier=".cg")
+            s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
+                help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+                cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+                dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
+                bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+                DT_SOFTPLUS,
+            )  # fmt: skip
 
             # ---- state passing between runs (memory ordering as in ssd_fused) -
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
