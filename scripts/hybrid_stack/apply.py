@@ -309,18 +309,6 @@ def _write_state(repo: Repo, state: dict) -> None:
     (repo.git_dir() / STATE).write_text(json.dumps(state, indent=1) + "\n")
 
 
-def stack_digest(stack: Stack) -> dict[str, str]:
-    """sha256 of every file export writes (carried patches, overlay/), by path:
-    recorded as the state's "synced" when apply or export leaves patches/ and
-    overlay/ equal to the work tree, so export can tell later hand edits."""
-    from hybrid_stack.export import current_files
-
-    return {
-        rel: hashlib.sha256(c[1] if isinstance(c, tuple) else c).hexdigest()
-        for rel, c in current_files(stack).items()
-    }
-
-
 def open_work(stack: Stack, work: Path) -> Repo:
     """Validate an existing work tree: a clean stack repository on the pinned base."""
     repo = Repo(work)
@@ -402,7 +390,10 @@ def apply(stack: Stack, work: Path, source: str = "sdist", cont: bool = False) -
             print(f"apply: kept the previous head {head[:12]} as {backup}")
 
     repo.run("checkout", "--quiet", "--detach", start_commit)
-    synced = stack_digest(stack)
+    from hybrid_stack.export import current_files, files_digest
+
+    # patches/ and overlay/ as this apply takes them (export's guard)
+    synced = files_digest(current_files(stack))
     entries_state = [
         {"name": e.name, "fp": fps[i], "commit": repo.rev(f"HEAD~{keep - 1 - i}")}
         for i, e in enumerate(carried[:keep])

@@ -15,6 +15,7 @@ entry, are removed: after export, patches/ and overlay/ hold exactly the tree.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -171,26 +172,34 @@ def write_files(stack: Stack, files: dict[str, bytes | tuple[str, bytes]]) -> li
     return changed
 
 
-def edited_since_sync(stack: Stack, repo: Repo) -> list[str]:
-    """Files of patches/ and overlay/ changed on disk since apply or export
-    last left them equal to the work tree (export would overwrite them)."""
-    from hybrid_stack.apply import _read_state, stack_digest
+def files_digest(files: dict[str, bytes | tuple[str, bytes]]) -> dict[str, str]:
+    """sha256 of each file's content, by path. Recorded in the work tree's
+    state as "synced" when apply or export leaves patches/ and overlay/
+    equal to the work tree, so export can tell later hand edits."""
+    return {
+        rel: hashlib.sha256(c[1] if isinstance(c, tuple) else c).hexdigest()
+        for rel, c in files.items()
+    }
 
-    synced = _read_state(repo).get("synced")
+
+def edited_since_sync(stack: Stack, synced: dict[str, str] | None) -> list[str]:
+    """Files of patches/ and overlay/ changed on disk since apply or export
+    last left them as recorded in ``synced`` (export would overwrite them)."""
     if synced is None:  # a work tree from before the record, or not by apply
         return []
-    now = stack_digest(stack)
+    now = files_digest(current_files(stack))
     return sorted(rel for rel in set(now) | set(synced) if now.get(rel) != synced.get(rel))
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybrid_stack.apply import _read_state, _write_state, stack_digest
+    from hybrid_stack.apply import _read_state, _write_state
 
     stack = load_stack(args.root, check_files=False)
     work = (args.work or stack.default_work).resolve()
     files = export_files(stack, work)
     repo = Repo(work)
-    edited = [] if args.force else edited_since_sync(stack, repo)
+    state = _read_state(repo)
+    edited = [] if args.force else edited_since_sync(stack, state.get("synced"))
     if edited:
         shown = ", ".join(edited[:3]) + (" ..." if len(edited) > 3 else "")
         raise StackError(
@@ -200,9 +209,9 @@ def run(args: argparse.Namespace) -> int:
             "drop them"
         )
     changed = write_files(stack, files)
-    state = _read_state(repo)
     if state:
-        state["synced"] = stack_digest(stack)
+        # write_files left patches/ and overlay/ equal to files
+        state["synced"] = files_digest(files)
         _write_state(repo, state)
     for rel in changed:
         print(f"export: wrote {rel}")

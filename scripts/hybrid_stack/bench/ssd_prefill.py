@@ -74,10 +74,9 @@ def kernel_form(s: Inputs) -> str | None:
         return None
     if not use_sm90(s.x, s.B, s.C, s.out, s.chunk):
         return "triton"
-    sm90 = mod.ssd_fused_sm90
-    if not hasattr(sm90, "run_length"):  # a stack without runs
+    if not runs_available():
         return "sm90"
-    return "sm90" if sm90.RUN_CHUNKS == 0 else "sm90-runs"
+    return "sm90" if mod.ssd_fused_sm90.RUN_CHUNKS == 0 else "sm90-runs"
 
 
 def _sm90_slots(s: Inputs, sm90: Any) -> int:
