@@ -193,6 +193,28 @@ def test_stamp_survives_a_failed_editable_install(
     assert build.read_stamp(stack_root / "work" / "venv")["deps"] is None
 
 
+def test_full_disk_is_refused_before_pip(stack_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeVenv(monkeypatch, stack_root / "work" / "venv")
+    do_build(stack_root)
+    fake.take()
+    stamp = build.read_stamp(stack_root / "work" / "venv")
+    # the requirements changed, so the dependencies must be reinstalled: 1 GB free
+    (stack_root / "work" / "vllm" / "requirements" / "common.txt").write_text("numpy\n")
+    monkeypatch.setattr(
+        build.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(9e9, 8e9, 1e9)
+    )
+    with pytest.raises(StackError, match=r"not enough disk for the lean.*1\.0 GB free"):
+        do_build(stack_root)
+    assert fake.take() == []  # no pip step started
+    assert build.read_stamp(stack_root / "work" / "venv") == stamp
+    # with the space there, the same build goes ahead
+    monkeypatch.setattr(
+        build.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(9e9, 1e9, 8e9)
+    )
+    do_build(stack_root)
+    assert len(fake.take()) == 3
+
+
 def test_dependency_key(stack_root: Path) -> None:
     stack = load_stack(stack_root)
     tree = stack.default_work

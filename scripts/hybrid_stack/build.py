@@ -30,8 +30,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +77,13 @@ BUILD_TOOLS = (
     "wheel",
     "jinja2",
 )
+
+
+# Disk a dependency install needs, in GB: the venv it leaves (lean 2.8 GB,
+# full about 9 GB with CUDA torch) plus pip's unpacked wheels in the temporary
+# directory while it installs. Checked before pip starts, so a full disk is one
+# clear error instead of an OSError half-way through the install.
+DISK_NEEDED_GB = {"lean": 5.0, "full": 14.0}
 
 
 # Lean profile: a startup hook that lets the CUDA-built torchvision import on
@@ -440,6 +449,24 @@ def verify_import(py: Path, tree: Path, version: str, cwd: Path) -> tuple[str, s
     return file, got
 
 
+def check_disk(profile: str, venv: Path) -> None:
+    """Refuse a dependency install that would run out of disk (venv or pip's temp)."""
+    need = DISK_NEEDED_GB[profile]
+    places = {venv: "the venv", Path(tempfile.gettempdir()): "pip's temporary directory"}
+    short = []
+    for path, what in places.items():
+        probe = path if path.exists() else path.parent
+        free = shutil.disk_usage(probe).free / 1e9
+        if free < need:
+            short.append(f"{what} {path}: {free:.1f} GB free")
+    if short:
+        raise StackError(
+            f"not enough disk for the {profile} profile's dependencies (about {need:.0f} GB "
+            f"needed): {'; '.join(short)}; free space (or point TMPDIR / --venv elsewhere) "
+            "and rerun 'hybrid-stack build'"
+        )
+
+
 def dir_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -517,6 +544,7 @@ def build(
     if deps_current:
         print(f"dependencies: up to date ({profile} profile, stamp {key[:12]})")
     else:
+        check_disk(profile, venv)
         dep_steps = dependency_steps(
             stack, profile, py, tree, venv, wheel=wheel_path, torch_index=torch_index
         )
