@@ -198,21 +198,58 @@ def test_full_disk_is_refused_before_pip(stack_root: Path, monkeypatch: pytest.M
     do_build(stack_root)
     fake.take()
     stamp = build.read_stamp(stack_root / "work" / "venv")
-    # the requirements changed, so the dependencies must be reinstalled: 1 GB free
+    # the requirements changed, so the dependencies must be reinstalled
     (stack_root / "work" / "vllm" / "requirements" / "common.txt").write_text("numpy\n")
-    monkeypatch.setattr(
-        build.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(9e9, 8e9, 1e9)
-    )
+
+    def free_gb(gb: float) -> None:
+        usage = shutil._ntuple_diskusage(int(9e10), int(9e10 - gb * 1e9), int(gb * 1e9))
+        monkeypatch.setattr(build.shutil, "disk_usage", lambda p: usage)
+
+    free_gb(1.0)
     with pytest.raises(StackError, match=r"not enough disk for the lean.*1\.0 GB free"):
         do_build(stack_root)
     assert fake.take() == []  # no pip step started
     assert build.read_stamp(stack_root / "work" / "venv") == stamp
     # with the space there, the same build goes ahead
-    monkeypatch.setattr(
-        build.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(9e9, 1e9, 8e9)
-    )
+    free_gb(8.0)
     do_build(stack_root)
     assert len(fake.take()) == 3
+
+
+def test_disk_check_sums_needs_per_file_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "not" / "yet" / "venv"
+    assert build.existing_ancestor(venv) == tmp_path
+    need = build.DISK_NEEDED_GB["lean"]
+    free = {"gb": need["venv"] + need["tmp"] - 0.5}
+    monkeypatch.setattr(
+        build.shutil,
+        "disk_usage",
+        lambda p: shutil._ntuple_diskusage(0, 0, int(free["gb"] * 1e9)),
+    )
+    # venv and temp on one file system: their needs add up
+    monkeypatch.setattr(build.tempfile, "gettempdir", lambda: str(tmp_path))
+    with pytest.raises(StackError, match="the venv .* and pip's temporary directory"):
+        build.check_disk("lean", venv)
+    # on two file systems each only needs its own share
+    real_stat = os.stat
+
+    def stat(path, *a, **kw):
+        st = real_stat(path, *a, **kw)
+        if Path(path) == tmp_path / "tmp":
+            return os.stat_result((*st[:2], st.st_dev + 1, *st[3:]))
+        return st
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(build.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(build.os, "stat", stat)
+    build.check_disk("lean", venv)
+    free["gb"] = need["tmp"] - 0.5
+    with pytest.raises(StackError) as err:
+        build.check_disk("lean", venv)
+    assert "the venv" in str(err.value) and "temporary directory" in str(err.value)
+    assert " and pip's" not in str(err.value)  # two separate lines, not one sum
 
 
 def test_dependency_key(stack_root: Path) -> None:
