@@ -464,13 +464,15 @@ def check_disk(profile: str, venv: Path) -> None:
         (venv, "the venv", need["venv"]),
         (Path(tempfile.gettempdir()), "pip's temporary directory", need["tmp"]),
     )
-    by_fs: dict[int, list[tuple[Path, str, float]]] = {}
+    # file system -> (a path on it, the places it holds)
+    by_fs: dict[int, tuple[Path, list[tuple[Path, str, float]]]] = {}
     for path, what, gb in places:
-        by_fs.setdefault(os.stat(existing_ancestor(path)).st_dev, []).append((path, what, gb))
+        probe = existing_ancestor(path)
+        by_fs.setdefault(os.stat(probe).st_dev, (probe, []))[1].append((path, what, gb))
     short = []
-    for group in by_fs.values():
+    for probe, group in by_fs.values():
         want = sum(gb for _, _, gb in group)
-        free = shutil.disk_usage(existing_ancestor(group[0][0])).free / 1e9
+        free = shutil.disk_usage(probe).free / 1e9
         if free < want:
             where = " and ".join(f"{what} {path}" for path, what, _ in group)
             short.append(f"{where}: {free:.1f} GB free, about {want:.0f} GB needed")
