@@ -256,7 +256,8 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
     meta = "meta"
 
     def launch(name: str, *, heads: int, groups: int, chunk: int, seqs: int = 2,
-               tokens: int = 4096, inter: bool = False, run: int = 0) -> Any:  # fmt: skip
+               tokens: int = 4096, inter: bool = False, run: int = 0,
+               ws: bool = False) -> Any:  # fmt: skip
         hd, ds = 64, 128
         nchunks = seqs * math.ceil(tokens / seqs / chunk)
 
@@ -279,12 +280,18 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                 not inter,
             )  # fmt: skip
 
-        # run > 0: the run kernel (RUNS=True) with runs of that many chunks
-        saved, sm90.RUN_CHUNKS = sm90.RUN_CHUNKS, run
+        # run > 0: the run kernel (RUNS=True) with runs of that many chunks, on
+        # one warpgroup or (ws) warp-specialized
+        saved = sm90.RUN_CHUNKS, getattr(sm90, "WARP_SPECIALIZE", None)
+        sm90.RUN_CHUNKS = run
+        if hasattr(sm90, "WARP_SPECIALIZE"):
+            sm90.WARP_SPECIALIZE = ws
         try:
             real, args, kwargs = _capture(sm90, "_ssd_fused_sm90_kernel", call)
         finally:
-            sm90.RUN_CHUNKS = saved
+            sm90.RUN_CHUNKS = saved[0]
+            if hasattr(sm90, "WARP_SPECIALIZE"):
+                sm90.WARP_SPECIALIZE = saved[1]
         return name, real, args, kwargs
 
     yield launch("sm90 form: granite-small bf16 c256", heads=128, groups=1, chunk=256)
@@ -295,6 +302,10 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                  seqs=8, run=8)  # fmt: skip
     yield launch("sm90 runs: nemotron-h bf16 c128 g8 inter", heads=128, groups=8,
                  chunk=128, seqs=8, inter=True, run=16)  # fmt: skip
+    yield launch("sm90 ws: granite-small bf16 c256", heads=128, groups=1, chunk=256,
+                 seqs=8, run=8, ws=True)  # fmt: skip
+    yield launch("sm90 ws: nemotron-h bf16 c128 g8 inter", heads=128, groups=8,
+                 chunk=128, seqs=8, inter=True, run=16, ws=True)  # fmt: skip
 
 
 # entry -> its case groups; a group is called with the target arch and yields

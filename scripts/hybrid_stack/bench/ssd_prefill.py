@@ -13,10 +13,11 @@ baseline's (relative L2 error) before timing.
 Where the fused module has two forms of the kernel (``ssd_fused_sm90``, the
 Gluon kernels used on sm_90, and the portable Triton kernel), each row records
 the form the value measured (``value_kernel``: "triton", "sm90" = the
-chunk-program kernel or "sm90-runs" = the run kernel) and, for the sm_90
-forms, the Triton form's ms per call on the same inputs (``triton_ms``) and
-the other sm_90 kernel's (``sm90_ms`` / ``sm90_runs_ms``, the run kernel
-with ``slots // heads`` runs as its own rule would split).
+chunk-program kernel, "sm90-runs" = the run kernel on one warpgroup or
+"sm90-ws" = on three, warp-specialized) and, for the sm_90 forms, the Triton
+form's ms per call on the same inputs (``triton_ms``) and another sm_90
+kernel's (``sm90_ms``: chunk programs where the one-warpgroup run kernel
+ran; ``sm90_runs_ms``: the one-warpgroup run kernel where another ran).
 
 Cases: total tokens as 1 and as 8 sequences, for granite-4.0-h-small dims
 (128 heads x 64, dstate 128, 1 group, chunk 256), Mamba2-2.7B (80 x 64, dstate
@@ -65,9 +66,9 @@ def flops_per_token(d: dict[str, int]) -> int:
 
 def kernel_form(s: Inputs) -> str | None:
     """Which form of the fused kernel runs these inputs: "sm90" / "sm90-runs"
-    (the Gluon Hopper kernel of ssd_fused_sm90: chunk programs / runs of
-    chunks), "triton" (the portable kernel) or None (a stack without the
-    forms)."""
+    / "sm90-ws" (the Gluon Hopper kernel of ssd_fused_sm90: chunk programs /
+    runs of chunks on one warpgroup / on three, warp-specialized), "triton"
+    (the portable kernel) or None (a stack without the forms)."""
     mod = importlib.import_module(FUSED_MODULE)
     use_sm90 = getattr(mod, "use_sm90_kernel", None)
     if use_sm90 is None:
@@ -76,7 +77,13 @@ def kernel_form(s: Inputs) -> str | None:
         return "triton"
     if not runs_available():
         return "sm90"
-    return "sm90" if mod.ssd_fused_sm90.RUN_CHUNKS == 0 else "sm90-runs"
+    sm90 = mod.ssd_fused_sm90
+    if sm90.RUN_CHUNKS == 0:
+        return "sm90"
+    specialized = getattr(sm90, "warp_specialized", None)
+    if specialized is not None and specialized(s.x.shape[1], s.x.device.index):
+        return "sm90-ws"
+    return "sm90-runs"
 
 
 def _sm90_slots(s: Inputs, sm90: Any) -> int:
@@ -96,9 +103,17 @@ def time_other_sm90_kernel(
     timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, form: str
 ) -> tuple[str, float]:
     """ms per call of the sm_90 mode the launcher did not pick, on the same
-    inputs: chunk programs where runs ran, else runs of the length the
-    launcher would use (``run_length``)."""
+    inputs: the one-warpgroup run kernel where the warp-specialized one ran,
+    chunk programs where that ran, else runs of the length the launcher
+    would use (``run_length``)."""
     sm90 = importlib.import_module(FUSED_MODULE).ssd_fused_sm90
+    if form == "sm90-ws":
+        saved_ws, sm90.WARP_SPECIALIZE = sm90.WARP_SPECIALIZE, False
+        try:
+            ms = timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
+        finally:
+            sm90.WARP_SPECIALIZE = saved_ws
+        return "sm90_runs_ms", ms
     if form == "sm90-runs":
         name, run = "sm90_ms", 0
     else:
@@ -255,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                     form = kernel_form(s0)
                     if form is not None:
                         extra["value_kernel"] = form
-                    if form in ("sm90", "sm90-runs"):
+                    if form in ("sm90", "sm90-runs", "sm90-ws"):
                         extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
-                    if form == "sm90-runs" or (form == "sm90" and runs_available()):
+                    if form in ("sm90-runs", "sm90-ws") or (form == "sm90" and runs_available()):
                         name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
                         extra[name] = ms
                 if tokens <= args.split_max_tokens:
@@ -299,10 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             else f"stack kernel not importable ({why_not}): value == baseline",
             "tflops": "estimated: 2LNG + 2LPH + 4NPH flop per token",
             "kernel": "value_kernel: form of the fused kernel measured (sm90 = Gluon "
-            "Hopper chunk-program kernel, sm90-runs = Gluon Hopper run kernel, "
-            "triton = portable kernel); triton_ms: the portable form on the same "
-            "inputs, same process; sm90_ms / sm90_runs_ms: the sm_90 kernel not "
-            "picked (the run kernel with slots // heads runs)",
+            "Hopper chunk-program kernel, sm90-runs = Gluon Hopper run kernel on "
+            "one warpgroup, sm90-ws = run kernel on three warp-specialized "
+            "warpgroups, triton = portable kernel); triton_ms: the portable form "
+            "on the same inputs, same process; sm90_ms: chunk programs (where "
+            "sm90-runs ran); sm90_runs_ms: the one-warpgroup run kernel (where "
+            "sm90-ws or sm90 ran)",
             "inputs": "bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, no z, no "
             "initial states, fp32 final states written to a cache",
             "split": f"up to {args.split_max_tokens} tokens: *_host_ms = host time per "

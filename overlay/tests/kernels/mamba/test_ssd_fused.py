@@ -51,9 +51,10 @@ requires_gpu = pytest.mark.skipif(
 TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 
-# sm_90 kernel -> ssd_fused_sm90.RUN_CHUNKS: the chunk-program kernel (0) and
-# the run kernel with runs of 3 chunks
-SM90_KERNELS = {"sm90": 0, "sm90-runs": 3}
+# sm_90 kernel -> (ssd_fused_sm90.RUN_CHUNKS, .WARP_SPECIALIZE): the
+# chunk-program kernel (0), the run kernel with runs of 3 chunks on one
+# warpgroup and on three (warp-specialized)
+SM90_KERNELS = {"sm90": (0, False), "sm90-runs": (3, False), "sm90-ws": (3, True)}
 
 
 @pytest.fixture(params=["triton", *SM90_KERNELS])
@@ -77,7 +78,9 @@ def fused_kernel(request, monkeypatch):
             return launch(*args, **kwargs)
 
         monkeypatch.setattr(ssd_fused_sm90, "launch", counting_launch)
-        monkeypatch.setattr(ssd_fused_sm90, "RUN_CHUNKS", SM90_KERNELS[request.param])
+        run_chunks, warp_specialize = SM90_KERNELS[request.param]
+        monkeypatch.setattr(ssd_fused_sm90, "RUN_CHUNKS", run_chunks)
+        monkeypatch.setattr(ssd_fused_sm90, "WARP_SPECIALIZE", warp_specialize)
     monkeypatch.setattr(ssd_fused, "USE_SM90_KERNEL", sm90)
     # the test cases are small; run them on the Gluon form whatever their size
     monkeypatch.setattr(ssd_fused, "SM90_MIN_TOKEN_HEADS", 0)

@@ -44,6 +44,25 @@ constexpr:
   0.351-0.703 / 5.64-11.2 against 0.275-0.482 / 4.19-8.09); the chunk
   programs run only where forced (``RUN_CHUNKS = 0``: tests, benchmarks).
 
+The run kernel has two forms (WS constexpr, ``warp_specialized``):
+
+* one warpgroup, RUN_SLOTS_PER_SM programs per SM (the run kernel above);
+* warp-specialized (``_ws_output`` / ``_ws_state`` / ``_ws_loader``): one
+  program per SM on three warpgroups joined by mbarrier rings in shared
+  memory. The loader issues every row tile by TMA into a three-deep ring; the
+  state warpgroup runs the state passes and hand-overs, then carries S_run
+  through the run, publishing each 64-row block's S_run (bf16, two-slot ring)
+  while the block's update is in flight and each chunk's dt factors (two-slot
+  ring); the output warpgroup computes C.B^T, C.S_run and y from them. Each
+  ring is released by its consumers before it is refilled, and the state
+  warpgroup runs at most two row blocks and one chunk ahead of the output
+  warpgroup, so no wait closes a cycle within a program; across programs the
+  ticket argument below holds unchanged. Used where its programs fill the GPU
+  (``ws_fills``): at 128 heads (granite, Nemotron-H) 0.375 / 0.399 ms at 16k
+  tokens against the one-warpgroup form's 0.429 / 0.508 (one sequence; the
+  stack's results/ssd_prefill-h200 and ssd_fused_ws-h200); at 80 heads it
+  leaves 52 of 132 SMs idle and is slower.
+
 Gluon is Triton's experimental lower-level language; this module compiles with
 the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
 with the one it has run with (``GLUON_TESTED_TRITON``).
@@ -106,6 +125,14 @@ RUN_SLOTS_PER_SM = 2
 # Chunks per program of the run kernel: None = run_length() below; tests and
 # benchmarks force 0 (the chunk-program kernel) or a run length.
 RUN_CHUNKS: int | None = None
+# The run kernel on three warpgroups (output pass, running state, loads), one
+# program per SM, or on one (RUN_SLOTS_PER_SM programs per SM): None = the
+# three where their one wave fills at least WS_MIN_FILL of the SMs
+# (ws_fills below); tests and benchmarks force True / False.
+WARP_SPECIALIZE: bool | None = None
+WS_MIN_FILL = 0.9
+WS_NUM_BUFFERS = 3  # depth of its TMA ring
+WS_REGS = (216, 40)  # registers of its state and loader warpgroups
 
 
 @cache
@@ -144,6 +171,9 @@ if HAS_GLUON:
     # CTA-wide barrier: thread_barrier in 3.6, barrier from 3.8 on
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     _NUM_BUFFERS = gl.constexpr(NUM_BUFFERS)
+    WS_BUFFERS = gl.constexpr(WS_NUM_BUFFERS)
+    WS_STATE_REGS = gl.constexpr(WS_REGS[0])
+    WS_LOADER_REGS = gl.constexpr(WS_REGS[1])
     # the per-row factors of a chunk: row block k in row k
     _BLK_C = gl.constexpr(gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0]))
     _VEC = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
@@ -210,14 +240,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(
-        t, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
         bcol,
     ):  # fmt: skip
-        """Request load number t of the program into ring slot t: row block
-        ij of the chunk starting at row ist, for the state pass (ikind 0:
-        x, B) or the output pass (1: x, B, C); nothing for ikind >= 2."""
+        """Request into ring slot s row block ij of the chunk starting at row
+        ist, for the state pass (ikind 0: x, B) or the output pass (1: x, B,
+        C); nothing for ikind >= 2."""
         if ikind < 2:
-            s = t % _NUM_BUFFERS
             bar = bars.index(s)
             r = ist + ij * _BLOCK_M
             if ikind == 0:
@@ -298,6 +327,12 @@ if HAS_GLUON:
     def _state_block(s_acc, w_rows, xs, bs):
         """s_acc + (x scaled by the row weights w_rows)^T . B of one row
         block (x and B from ring slot views xs / bs)."""
+        s_acc = _state_issue(s_acc, w_rows, xs, bs)
+        return warpgroup_mma_wait(0, deps=(s_acc,))
+
+    @gluon.jit
+    def _state_issue(s_acc, w_rows, xs, bs):
+        """_state_block's dot, issued (asynchronous, not waited for)."""
         N: gl.constexpr = bs.shape[1]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
@@ -308,8 +343,13 @@ if HAS_GLUON:
         w = w_rows.load(gl.SliceLayout(0, opa_s))
         xt = xs.permute((1, 0)).load(opa_s)
         xw = (xt.to(gl.float32) * w[None, :]).to(xs.dtype)
-        s_acc = warpgroup_mma(xw, bs, s_acc, is_async=True)
-        return warpgroup_mma_wait(0, deps=(s_acc,))
+        return warpgroup_mma(xw, bs, s_acc, is_async=True)
+
+    @gluon.jit
+    def _block_decay(ecs_rows, k):
+        """exp(total dA of row block k): its last exp(cs) (dt is 0 past the
+        chunk's end)."""
+        return gl.sum(ecs_rows.index(k).slice(_BLOCK_M - 1, 1).load(_VEC), axis=0)
 
     @gluon.jit
     def _store_run_state(st_s, s_run):
@@ -325,6 +365,7 @@ if HAS_GLUON:
         z_ptr, Dv, dt_rows, cs_rows, ecs_rows, wout_rows, stride_out_t,
         stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
         HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+        UPDATE: gl.constexpr = True,
     ):  # fmt: skip
         """Output rows [k * BLOCK_M, (k + 1) * BLOCK_M) of the chunk at rows
         [cstart, cstart + clen) for head h, with x / B / C from ring slot
@@ -336,7 +377,8 @@ if HAS_GLUON:
         then S_run is advanced over the block (s_run returned, st_s
         rewritten). C_i . B_i^T, C_i . S_run and the state update are in
         flight while the decay factors are computed; y's dot while the new
-        state goes to shared memory."""
+        state goes to shared memory. Without UPDATE (the warp-specialized
+        kernel's output partition) S_run is only read from st_s."""
         P: gl.constexpr = xs.shape[1]
         N: gl.constexpr = bs.shape[1]
         io_dtype: gl.constexpr = xs.dtype
@@ -373,26 +415,38 @@ if HAS_GLUON:
             use_acc=False,
             is_async=True,
         )
-        w_a = wout_rows.index(k).load(gl.SliceLayout(0, opa_s))
-        xt = xs.permute((1, 0)).load(opa_s)
-        xw = (xt.to(gl.float32) * w_a[None, :]).to(io_dtype)
-        # the state update for the next row block (on a chunk's last block:
-        # the state at the chunk's end), in flight behind the two dots;
-        # exp(block total) is the block's last exp(cs) (dt is 0 past clen)
-        e_blk = gl.sum(ecs_rows.index(k).slice(_BLOCK_M - 1, 1).load(_VEC), axis=0)
-        s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
+        if UPDATE:
+            w_a = wout_rows.index(k).load(gl.SliceLayout(0, opa_s))
+            xt = xs.permute((1, 0)).load(opa_s)
+            xw = (xt.to(gl.float32) * w_a[None, :]).to(io_dtype)
+            # the state update for the next row block (on a chunk's last
+            # block: the state at the chunk's end), in flight behind the two
+            # dots; exp(block total) is the block's last exp(cs) (dt is 0
+            # past clen)
+            e_blk = _block_decay(ecs_rows, k)
+            s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
         cs_i = cs_rows.index(k).load(row_o)
         dt_j = dt_rows.index(k).load(col_o)
         cs_j = cs_rows.index(k).load(col_o)
         fac = _exp(gl.minimum(cs_i[:, None] - cs_j[None, :], 0.0)) * dt_j[None, :]
-        cb = warpgroup_mma_wait(2, deps=(cb,))
+        if UPDATE:
+            cb = warpgroup_mma_wait(2, deps=(cb,))
+        else:
+            cb = warpgroup_mma_wait(1, deps=(cb,))
         causal = offs_i[:, None] >= offs_j[None, :]
         lmat = gl.where(causal, cb * fac, 0.0).to(io_dtype)
         lmat = gl.convert_layout(lmat, opa_o)
-        inter = warpgroup_mma_wait(1, deps=(inter,))
-        s_run = warpgroup_mma_wait(0, deps=(s_run,))
+        if UPDATE:
+            inter = warpgroup_mma_wait(1, deps=(inter,))
+            s_run = warpgroup_mma_wait(0, deps=(s_run,))
+        else:
+            inter = warpgroup_mma_wait(0, deps=(inter,))
         acc = inter * ecs_rows.index(k).load(row_o)[:, None]
-        if HAS_D:
+        if not UPDATE:
+            y = warpgroup_mma(lmat, xs, acc, is_async=True)
+            if HAS_D:
+                xo = xs.load(mma_o).to(gl.float32)
+        elif HAS_D:
             # the new S_run into shared memory (the next block's C.S_run)
             # while y's dot runs
             y = warpgroup_mma(lmat, xs, acc, is_async=True)
@@ -522,13 +576,13 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue_run(
-        t, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
         bcol,
     ):  # fmt: skip
         """_issue for the run kernel's cursor: its passes 0 and 1 are state
         passes, 2 the output pass."""
         _issue(
-            t, ij, ist, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
+            s, ij, ist, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
             x_s, b_s, c_s, bars, xcol, bcol,
         )  # fmt: skip
 
@@ -554,6 +608,57 @@ if HAS_GLUON:
         return lo + ((hi - lo) * (n_runs - 1 - r) + n_runs // 2) // n_runs
 
     @gluon.jit
+    def _run_plan(sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group):
+        """The run kernel's work item: run r (chunks [c0, c1)) of head h
+        (group g), the sequences it starts and ends in and whether they
+        continue across its ends, and the split of the state passes
+        (see below)."""
+        # Ticket -> (run, head); run r is chunks [c0, c1), of any sequences.
+        # No deadlock, whatever order the hardware starts programs in: the
+        # program holding ticket r * nheads + h waits only for the flag of
+        # (r - 1, h), ticket r * nheads + h - nheads, which is smaller. Tickets
+        # are taken by running programs in increasing order, so that ticket's
+        # program is already running, and the running program with the
+        # smallest ticket waits for nothing (it is run 0 or its predecessor
+        # has finished); by induction every program gets its flag.
+        ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed")
+        r = ticket // nheads
+        h = ticket % nheads
+        g = h // heads_per_group
+        c0 = r * run_chunks
+        c1 = gl.minimum(c0 + run_chunks, n_chunks)
+        seq_first = gl.load(seq_idx_ptr + c0)
+        cont_in = seq_first == gl.load(seq_idx_ptr + c0 - 1, mask=c0 > 0, other=-1)
+        seq_last = gl.load(seq_idx_ptr + c1 - 1)
+        cont_out = seq_last == gl.load(seq_idx_ptr + c1, mask=c1 < n_chunks, other=-1)
+        # the tail: the run's chunks of seq_last
+        tail = _first_of(seq_idx_ptr, c0, c1, seq_last)
+        # Where the next run continues seq_last it needs the state at the
+        # run's end. The state pass over the tail is split between the two
+        # programs (_split), so the next one does not wait for a whole
+        # tail's pass: this program takes the tail's first part [tail,
+        # own_hi) and hands over the state at own_hi, the next run's
+        # program the rest. Where this run continues the previous run's
+        # seq_first, it takes the rest of that run's tail, [help_lo, c0).
+        # Own part first: a program's hand-over then waits only for its
+        # predecessor's, not for the state passes of all runs before.
+        n_runs = gl.cdiv(n_chunks, run_chunks)
+        if cont_out:  # noqa: SIM108
+            own_hi = _split(tail, c1, r, n_runs)
+        else:
+            own_hi = tail
+        if cont_in:
+            prev_tail = _first_of(seq_idx_ptr, c0 - run_chunks, c0, seq_first)
+            help_lo = _split(prev_tail, c0, r - 1, n_runs)
+        else:
+            help_lo = c0
+
+        return (
+            r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
+            help_lo,
+        )  # fmt: skip
+
+    @gluon.jit
     def _next_chunk(
         c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
         stride_dt_h, NB: gl.constexpr,
@@ -572,13 +677,16 @@ if HAS_GLUON:
     def _state_pass(
         lo, hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
         cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
-        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
-        b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-        DT_SOFTPLUS: gl.constexpr,
+        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, free,
+        x_desc, b_desc, c_desc, xcol, bcol, NB: gl.constexpr,
+        HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr, WS: gl.constexpr,
     ):  # fmt: skip
         """The run kernel's state pass over chunks [lo, hi) of one sequence,
         from a zero state: returns the state it adds at hi, the chunks' dA
-        total, and the load count and cursor moved on."""
+        total, and the load count and cursor moved on. WS: the loads come
+        from the loader partition (slots released on ``free``, for both
+        consumers) and the cursor is not moved."""
+        NBUF: gl.constexpr = x_s.shape[0]
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
@@ -600,22 +708,135 @@ if HAS_GLUON:
             s_acc = s_acc * _exp(dA_tot)
             wst_rows = _rows(wst_s)
             for k in range(gl.cdiv(clen, _BLOCK_M)):
-                s = t % _NUM_BUFFERS
-                mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
+                s = t % NBUF
+                mbarrier.wait(bars.index(s), (t // NBUF) & 1)
                 s_acc = _state_block(
                     s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s)
                 )
                 _cta_barrier()  # every warp is done with slot s
-                _issue_run(
-                    t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc, x_s,
-                    b_s, c_s, bars, xcol, bcol,
-                )  # fmt: skip
-                ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
-                )
+                if WS:
+                    mbarrier.arrive(free.index(s), count=2)
+                else:
+                    _issue_run(
+                        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s,
+                        bars, xcol, bcol,
+                    )  # fmt: skip
+                    ic, ij, inb, ist, ikind = _advance(
+                        ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+                        cu_chunk_ptr,
+                    )  # fmt: skip
                 t += 1
             dA += dA_tot
         return s_acc, dA, t, ic, ij, inb, ist, ikind
+
+    @gluon.jit
+    def _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS: gl.constexpr):
+        """Head h's A and dt bias (0.0 without), fp32."""
+        A = gl.load(A_ptr + h).to(gl.float32)
+        if HAS_DT_BIAS:  # noqa: SIM108
+            dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
+        else:
+            dt_bias = 0.0
+        return A, dt_bias
+
+    @gluon.jit
+    def _entry_state(
+        r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
+        help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr, stride_dt_t,
+        stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s,
+        x_s, b_s, c_s, bars, free, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
+        stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
+        sync_ptr, nheads, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+        DT_SOFTPLUS: gl.constexpr, HAS_INITSTATES: gl.constexpr,
+        WS: gl.constexpr,
+    ):  # fmt: skip
+        """The state entering run r of head h (_run_plan): the state passes
+        over its own tail part and the previous run's rest, the hand-over
+        from the previous run and to the next one. Returns it (fp32, in the
+        state dots' layout), the load count and the cursor moved on."""
+        P: gl.constexpr = x_s.shape[2]
+        N: gl.constexpr = b_s.shape[2]
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
+        )
+        item = r * nheads + h
+
+        # ---- state passes: own tail part, then the previous run's rest --
+        s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
+            tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+            cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+            dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
+            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, WS,
+        )  # fmt: skip
+        if cont_out:
+            # parked in this program's own workspace item (its flag is
+            # still 0), read back by the same threads below
+            own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
+            gl.store(own_ptrs, s_own, cache_modifier=".cg")
+        s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
+            help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+            cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+            dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
+            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, WS,
+        )  # fmt: skip
+
+        # ---- state passing between runs (memory ordering as in ssd_fused) -
+        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
+        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
+        if cont_in:
+            # the previous run hands over the state at help_lo
+            s_prev = (
+                _exp(dA_help)
+                * _take_state(ws_ptr, sync_ptr, item - nheads, P, N, mma_s)
+                + s_acc
+            )
+        else:
+            s_prev = _seq_init_state(
+                init_ptr, seq_first, h, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                HAS_INITSTATES,
+            )  # fmt: skip
+        if cont_out:
+            # the state entering the tail: s_prev, or seq_last's initial one
+            # where seq_last starts inside the run
+            if tail > c0:
+                s_in = _seq_init_state(
+                    init_ptr, seq_last, h, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                    HAS_INITSTATES,
+                )  # fmt: skip
+            else:
+                s_in = s_prev
+            own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
+            s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
+            _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
+        return s_prev, t, ic, ij, inb, ist, ikind
+
+    @gluon.jit
+    def _chunk_end_states(
+        s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
+        stride_inter_h, stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr,
+        last_chunk_ptr, stride_final_s, stride_final_h, stride_final_p,
+        stride_final_n, stride_final_idx, WRITE_INTER: gl.constexpr,
+        WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
+    ):  # fmt: skip
+        """The state s_run at the end of chunk c (of sequence seq_c) where
+        it is asked for: the chunk's intermediate state, and the sequence's
+        final state if c is its last chunk."""
+        if WRITE_INTER:
+            _store_state(
+                inter_ptr + c.to(gl.int64) * stride_inter_c + h * stride_inter_h,
+                s_run, offs_p, offs_n, stride_inter_p, stride_inter_n,
+            )  # fmt: skip
+        if WRITE_FINAL:  # noqa: SIM102
+            if c == gl.load(last_chunk_ptr + seq_c):
+                _store_final_state(
+                    final_ptr, final_idx_ptr, seq_c, h, s_run, offs_p, offs_n,
+                    stride_final_s, stride_final_h, stride_final_p, stride_final_n,
+                    stride_final_idx, FINAL_HAS_INDICES,
+                )  # fmt: skip
 
     @gluon.jit
     def _allocate(
@@ -658,6 +879,235 @@ if HAS_GLUON:
         return buf._reinterpret(
             gl.float32, [buf.shape[0], _BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0])
         )
+
+    @gluon.jit
+    def _allocate_ws(
+        x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT: gl.constexpr,
+        NB: gl.constexpr,
+    ):  # fmt: skip
+        """Shared memory of a warp-specialized program: the TMA ring of x /
+        B / C row tiles (ready: loaded, free: released by both consumers),
+        the ring of running states S_run at row block starts (bf16, the B
+        operand of C.S_run), the ring of a chunk's per-row factors (the
+        output pass's; wst_s: the state passes'), an output staging tile and
+        the state passes' tile count (cnt_s)."""
+        io_dtype: gl.constexpr = x_desc.dtype
+        P: gl.constexpr = x_desc.block_type.shape[1]
+        N: gl.constexpr = b_desc.block_type.shape[1]
+        NBUF: gl.constexpr = WS_BUFFERS
+        x_s = gl.allocate_shared_memory(io_dtype, [NBUF, _BLOCK_M, P], x_desc.layout)
+        b_s = gl.allocate_shared_memory(io_dtype, [NBUF, _BLOCK_M, N], b_desc.layout)
+        c_s = gl.allocate_shared_memory(io_dtype, [NBUF, _BLOCK_M, N], c_desc.layout)
+        st_ring = gl.allocate_shared_memory(io_dtype, [2, P, N], STATE_SMEM_LAYOUT)
+        y_s = gl.allocate_shared_memory(io_dtype, [_BLOCK_M, P], out_desc.layout)
+        ring_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        dt_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
+        cs_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
+        ecs_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
+        wout_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
+        vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        wst_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l)
+        cnt_s = gl.allocate_shared_memory(
+            gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )
+        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+        ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        free = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        st_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        st_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        fac_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        fac_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        for i in gl.static_range(NBUF):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(free.index(i), count=2)
+        for i in gl.static_range(2):
+            mbarrier.init(st_ready.index(i), count=1)
+            mbarrier.init(st_free.index(i), count=1)
+            mbarrier.init(fac_ready.index(i), count=1)
+            mbarrier.init(fac_free.index(i), count=1)
+        return (
+            x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s,
+            ready, free, st_ready, st_free, fac_ready, fac_free,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _ws_loader(
+        x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free, cu_chunk_ptr, tail,
+        own_hi, help_lo, c0, c1, xcol, bcol,
+    ):  # fmt: skip
+        """Loader partition: every row tile the program reads, in the order
+        the state partition and the output partition consume them (the state
+        passes' x / B, then the output pass's x / B / C), each into its ring
+        slot once both consumers have released the slot."""
+        NBUF: gl.constexpr = x_s.shape[0]
+        ic, ikind = _settle(tail, gl.to_tensor(0), own_hi, help_lo, c0, c1)
+        ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
+        inb = gl.cdiv(ilen, _BLOCK_M)
+        ij = gl.to_tensor(0)
+        t = gl.to_tensor(0)
+        while ikind < 3:
+            s = t % NBUF
+            if t >= NBUF:
+                mbarrier.wait(free.index(s), (t // NBUF - 1) & 1)
+            _issue_run(
+                s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+                xcol, bcol,
+            )  # fmt: skip
+            ic, ij, inb, ist, ikind = _advance(
+                ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+            )
+            t += 1
+
+    @gluon.jit
+    def _ws_state(
+        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s, r, h, c0, c1,
+        seq_first, cont_in, seq_last, cont_out, tail, own_hi, help_lo, x_desc,
+        b_desc, c_desc, xcol, bcol, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
+        stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
+        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+        ws_ptr, sync_ptr, nheads, inter_ptr, stride_inter_c, stride_inter_h,
+        stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
+        stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
+        NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr, WRITE_INTER: gl.constexpr,
+        WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
+    ):  # fmt: skip
+        """State partition: the state entering the run (state passes,
+        hand-overs), then the running state S_run through the run: each row
+        block's S_run (bf16) into the state ring for the output partition
+        before the block's update, the output pass's per-row factors of each
+        chunk into the factor ring, the chunk-end states where asked for."""
+        NBUF: gl.constexpr = x_s.shape[0]
+        P: gl.constexpr = x_s.shape[2]
+        N: gl.constexpr = b_s.shape[2]
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
+        )
+        A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
+        zero = gl.to_tensor(0)
+        s_run, t, ic, ij, inb, ist, ikind = _entry_state(
+            r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
+            help_lo, zero, zero, zero, zero, zero, zero, cu_chunk_ptr, dt_ptr,
+            stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_r.index(0),
+            cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0), x_s, b_s, c_s,
+            ready, free, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
+            stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
+            sync_ptr, nheads, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, True,
+        )  # fmt: skip
+        # the output partition's first tile (read once st_ready[0] fires)
+        cnt_s.store(gl.full([1], t, gl.int32, layout=_VEC))
+        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
+        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
+        j = 0  # row blocks of the output pass
+        seq_c_prev = seq_first
+        nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
+        dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
+        for c in range(c0, c1):
+            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
+                stride_dt_h, NB,
+            )  # fmt: skip
+            seq_c = gl.load(seq_idx_ptr + c)
+            if seq_c != seq_c_prev:  # a sequence starts inside the run
+                s_run = _seq_init_state(
+                    init_ptr, seq_c, h, stride_init_b, stride_init_h, stride_init_p,
+                    stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
+                )  # fmt: skip
+            n = (c - c0).to(gl.int32)  # the run's chunk n: factor slot n % 2
+            fs = n % 2
+            if n >= 2:
+                mbarrier.wait(fac_free.index(fs), (n // 2 - 1) & 1)
+            _chunk_factors(
+                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_r.index(fs),
+                cs_r.index(fs), ecs_r.index(fs), wst_s, wout_r.index(fs), NB,
+                HAS_DT_BIAS, DT_SOFTPLUS, False, True,
+            )  # fmt: skip
+            mbarrier.arrive(fac_ready.index(fs))
+            wout_rows = _rows(wout_r.index(fs))
+            ecs_rows = _rows(ecs_r.index(fs))
+            for k in range(gl.cdiv(clen, _BLOCK_M)):
+                # the block's update in flight while its S_run is published
+                s = t % NBUF
+                mbarrier.wait(ready.index(s), (t // NBUF) & 1)
+                s_next = _state_issue(
+                    s_run * _block_decay(ecs_rows, k), wout_rows.index(k),
+                    x_s.index(s), b_s.index(s),
+                )  # fmt: skip
+                q = j % 2
+                if j >= 2:
+                    mbarrier.wait(st_free.index(q), (j // 2 - 1) & 1)
+                st = st_ring.index(q)
+                st.store(s_run.to(st.dtype))
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(st_ready.index(q))
+                s_run = warpgroup_mma_wait(0, deps=(s_next,))
+                _cta_barrier()  # every warp is done with slot s
+                mbarrier.arrive(free.index(s))
+                t += 1
+                j += 1
+            _chunk_end_states(
+                s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
+                stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
+                final_idx_ptr, last_chunk_ptr, stride_final_s, stride_final_h,
+                stride_final_p, stride_final_n, stride_final_idx, WRITE_INTER,
+                WRITE_FINAL, FINAL_HAS_INDICES,
+            )  # fmt: skip
+            seq_c_prev = seq_c
+
+    @gluon.jit
+    def _ws_output(
+        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s, y_s, out_desc, out_ptr, z_ptr,
+        D_ptr, stride_D_h, cu_chunk_ptr, h, c0, c1, xcol, stride_out_t,
+        stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
+        HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+    ):  # fmt: skip
+        """Output partition (the program's first warpgroup): each row block's
+        outputs from its tiles, its S_run from the state ring and its
+        chunk's factors from the factor ring; no state update."""
+        NBUF: gl.constexpr = x_s.shape[0]
+        P: gl.constexpr = x_s.shape[2]
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
+        )
+        Dv = _load_D(
+            D_ptr, h, stride_D_h, P, gl.SliceLayout(0, mma_o), HAS_D, D_HAS_HDIM
+        )
+        mbarrier.wait(st_ready.index(0), 0)
+        t = gl.max(cnt_s.load(_VEC), axis=0)
+        j = 0
+        nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
+        for c in range(c0, c1):
+            cstart = nstart
+            clen = nlen
+            if c + 1 < c1:
+                nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
+            n = (c - c0).to(gl.int32)
+            fs = n % 2
+            mbarrier.wait(fac_ready.index(fs), (n // 2) & 1)
+            for k in range(gl.cdiv(clen, _BLOCK_M)):
+                s = t % NBUF
+                q = j % 2
+                mbarrier.wait(ready.index(s), (t // NBUF) & 1)
+                mbarrier.wait(st_ready.index(q), (j // 2) & 1)
+                _output_block(
+                    0.0, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                    c_s.index(s), st_ring.index(q), y_s, out_desc, out_ptr, z_ptr,
+                    Dv, _rows(dt_r.index(fs)), _rows(cs_r.index(fs)),
+                    _rows(ecs_r.index(fs)), _rows(wout_r.index(fs)), stride_out_t,
+                    stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
+                    HAS_D, D_HAS_HDIM, HAS_Z, False,
+                )  # fmt: skip
+                # (_output_block ends in a barrier: every warp is done with
+                # the tiles and the state)
+                mbarrier.arrive(st_free.index(q))
+                mbarrier.arrive(free.index(s))
+                t += 1
+                j += 1
+            mbarrier.arrive(fac_free.index(fs))
+        tma.store_wait(0)
 
     @gluon.jit
     def _ssd_fused_sm90_kernel(
@@ -722,6 +1172,7 @@ if HAS_GLUON:
         WRITE_FINAL: gl.constexpr,
         FINAL_HAS_INDICES: gl.constexpr,
         RUNS: gl.constexpr,
+        WS: gl.constexpr,
     ):
         """The fused prefill on sm_90: RUNS=False, one program per (chunk,
         head) (state pass, hand-over, output pass); RUNS=True, one program per
@@ -737,49 +1188,74 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
         )
 
-        if RUNS:
-            # Ticket -> (run, head); run r is chunks [c0, c1), of any sequences.
-            # No deadlock, whatever order the hardware starts programs in: the
-            # program holding ticket r * nheads + h waits only for the flag of
-            # (r - 1, h), ticket r * nheads + h - nheads, which is smaller. Tickets
-            # are taken by running programs in increasing order, so that ticket's
-            # program is already running, and the running program with the
-            # smallest ticket waits for nothing (it is run 0 or its predecessor
-            # has finished); by induction every program gets its flag.
-            ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed")
-            r = ticket // nheads
-            h = ticket % nheads
-            g = h // heads_per_group
-            c0 = r * run_chunks
-            c1 = gl.minimum(c0 + run_chunks, n_chunks)
-            seq_first = gl.load(seq_idx_ptr + c0)
-            cont_in = seq_first == gl.load(seq_idx_ptr + c0 - 1, mask=c0 > 0, other=-1)
-            seq_last = gl.load(seq_idx_ptr + c1 - 1)
-            cont_out = seq_last == gl.load(
-                seq_idx_ptr + c1, mask=c1 < n_chunks, other=-1
-            )
-            # the tail: the run's chunks of seq_last
-            tail = _first_of(seq_idx_ptr, c0, c1, seq_last)
-            # Where the next run continues seq_last it needs the state at the
-            # run's end. The state pass over the tail is split between the two
-            # programs (_split), so the next one does not wait for a whole
-            # tail's pass: this program takes the tail's first part [tail,
-            # own_hi) and hands over the state at own_hi, the next run's
-            # program the rest. Where this run continues the previous run's
-            # seq_first, it takes the rest of that run's tail, [help_lo, c0).
-            # Own part first: a program's hand-over then waits only for its
-            # predecessor's, not for the state passes of all runs before.
-            n_runs = gl.cdiv(n_chunks, run_chunks)
-            if cont_out:  # noqa: SIM108
-                own_hi = _split(tail, c1, r, n_runs)
-            else:
-                own_hi = tail
-            if cont_in:
-                prev_tail = _first_of(seq_idx_ptr, c0 - run_chunks, c0, seq_first)
-                help_lo = _split(prev_tail, c0, r - 1, n_runs)
-            else:
-                help_lo = c0
-
+        if WS:
+            # the run kernel's work item, on three warpgroups (see the module
+            # docstring): the output pass (this one), the running state, the
+            # loads
+            (
+                r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
+                own_hi, help_lo,
+            ) = _run_plan(
+                sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group
+            )  # fmt: skip
+            (
+                x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s,
+                ready, free, st_ready, st_free, fac_ready, fac_free,
+            ) = _allocate_ws(
+                x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB
+            )  # fmt: skip
+            xcol = h * P
+            bcol = g * N
+            gl.warp_specialize(
+                [
+                    (
+                        _ws_output,
+                        (
+                            x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
+                            fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s,
+                            y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h,
+                            cu_chunk_ptr, h, c0, c1, xcol, stride_out_t,
+                            stride_out_h, stride_out_p, stride_z_t, stride_z_h,
+                            stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+                        ),
+                    ),
+                    (
+                        _ws_state,
+                        (
+                            x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
+                            fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s,
+                            cnt_s, r, h, c0, c1, seq_first, cont_in, seq_last,
+                            cont_out, tail, own_hi, help_lo, x_desc, b_desc, c_desc,
+                            xcol, bcol, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
+                            stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
+                            last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+                            stride_init_p, stride_init_n, ws_ptr, sync_ptr, nheads,
+                            inter_ptr, stride_inter_c, stride_inter_h,
+                            stride_inter_p, stride_inter_n, final_ptr,
+                            final_idx_ptr, stride_final_s, stride_final_h,
+                            stride_final_p, stride_final_n, stride_final_idx, NB,
+                            HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER,
+                            WRITE_FINAL, FINAL_HAS_INDICES,
+                        ),
+                    ),
+                    (
+                        _ws_loader,
+                        (
+                            x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free,
+                            cu_chunk_ptr, tail, own_hi, help_lo, c0, c1, xcol, bcol,
+                        ),
+                    ),
+                ],
+                [4, 4],
+                [WS_STATE_REGS, WS_LOADER_REGS],
+            )  # fmt: skip
+        elif RUNS:
+            (
+                r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
+                own_hi, help_lo,
+            ) = _run_plan(
+                sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group
+            )  # fmt: skip
             x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
                 _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
             )
@@ -800,64 +1276,18 @@ if HAS_GLUON:
                 )
             t = 0  # loads consumed
 
-            A = gl.load(A_ptr + h).to(gl.float32)
-            if HAS_DT_BIAS:  # noqa: SIM108
-                dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
-            else:
-                dt_bias = 0.0
-            item = r * nheads + h
-
-            # ---- state passes: own tail part, then the previous run's rest --
-            s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
-                tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-                cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
-                dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-                bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-                DT_SOFTPLUS,
+            A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
+            s_prev, t, ic, ij, inb, ist, ikind = _entry_state(
+                r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
+                help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
+                stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s,
+                ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, bars, x_desc, b_desc,
+                c_desc, xcol, bcol, init_ptr, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, ws_ptr, sync_ptr, nheads, NB,
+                HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, False,
             )  # fmt: skip
-            if cont_out:
-                # parked in this program's own workspace item (its flag is
-                # still 0), read back by the same threads below
-                own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
-                gl.store(own_ptrs, s_own, cache_modifier=".cg")
-            s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
-                help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-                cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
-                dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-                bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-                DT_SOFTPLUS,
-            )  # fmt: skip
-
-            # ---- state passing between runs (memory ordering as in ssd_fused) -
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-            if cont_in:
-                # the previous run hands over the state at help_lo
-                s_prev = (
-                    _exp(dA_help)
-                    * _take_state(ws_ptr, sync_ptr, item - nheads, P, N, mma_s)
-                    + s_acc
-                )
-            else:
-                s_prev = _seq_init_state(
-                    init_ptr, seq_first, h, stride_init_b, stride_init_h,
-                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                    HAS_INITSTATES,
-                )  # fmt: skip
-            if cont_out:
-                # the state entering the tail: s_prev, or seq_last's initial one
-                # where seq_last starts inside the run
-                if tail > c0:
-                    s_in = _seq_init_state(
-                        init_ptr, seq_last, h, stride_init_b, stride_init_h,
-                        stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                        HAS_INITSTATES,
-                    )  # fmt: skip
-                else:
-                    s_in = s_prev
-                own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
-                s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
-                _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
 
             # ---- output pass over the run's chunks -----------------------------
             Dv = _load_D(
@@ -901,7 +1331,7 @@ if HAS_GLUON:
                         stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
                     )  # fmt: skip
                     _issue_run(
-                        t + _NUM_BUFFERS, ij, ist, ikind, x_desc, b_desc, c_desc,
+                        s, ij, ist, ikind, x_desc, b_desc, c_desc,
                         x_s, b_s, c_s, bars, xcol, bcol,
                     )  # fmt: skip
                     # (the cursor is past the state passes here: own_hi and
@@ -911,19 +1341,13 @@ if HAS_GLUON:
                     )
                     t += 1
                 # s_run is now the state at the chunk's end
-                if WRITE_INTER:
-                    inter_base = inter_ptr + c.to(gl.int64) * stride_inter_c
-                    _store_state(
-                        inter_base + h * stride_inter_h,
-                        s_run, offs_p, offs_n, stride_inter_p, stride_inter_n,
-                    )  # fmt: skip
-                if WRITE_FINAL:  # noqa: SIM102
-                    if c == gl.load(last_chunk_ptr + seq_c):
-                        _store_final_state(
-                            final_ptr, final_idx_ptr, seq_c, h, s_run, offs_p,
-                            offs_n, stride_final_s, stride_final_h, stride_final_p,
-                            stride_final_n, stride_final_idx, FINAL_HAS_INDICES,
-                        )  # fmt: skip
+                _chunk_end_states(
+                    s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
+                    stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
+                    final_idx_ptr, last_chunk_ptr, stride_final_s, stride_final_h,
+                    stride_final_p, stride_final_n, stride_final_idx, WRITE_INTER,
+                    WRITE_FINAL, FINAL_HAS_INDICES,
+                )  # fmt: skip
                 seq_c_prev = seq_c
         else:
             # Ticket and work item, as in ssd_fused._ssd_fused_varlen_kernel.
@@ -979,8 +1403,8 @@ if HAS_GLUON:
                 idx = k + _NUM_BUFFERS
                 kind = idx // nblk
                 _issue(
-                    idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
-                    c_desc, x_s, b_s, c_s, bars, xcol, bcol,
+                    idx % _NUM_BUFFERS, idx - kind * nblk, chunk_start, kind,
+                    x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol, bcol,
                 )  # fmt: skip
 
             # ---- C: state passing (see ssd_fused for the memory ordering) ----
@@ -1034,18 +1458,36 @@ if HAS_GLUON:
                 idx += _NUM_BUFFERS
                 kind = idx // nblk
                 _issue(
-                    idx, idx - kind * nblk, chunk_start, kind, x_desc, b_desc,
-                    c_desc, x_s, b_s, c_s, bars, xcol, bcol,
+                    idx % _NUM_BUFFERS, idx - kind * nblk, chunk_start, kind,
+                    x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol, bcol,
                 )  # fmt: skip
-        # both: the last output store has left y_s
+        # all: the last output store has left y_s
         tma.store_wait(0)
-        for i in gl.static_range(_NUM_BUFFERS):
-            mbarrier.invalidate(bars.index(i))
+        if not WS:
+            for i in gl.static_range(_NUM_BUFFERS):
+                mbarrier.invalidate(bars.index(i))
 
 
 @cache
 def _num_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def ws_fills(nheads: int, sms: int) -> bool:
+    """Whether the warp-specialized run kernel's programs (one per SM,
+    ``sms // nheads`` runs per head) fill at least WS_MIN_FILL of the SMs'
+    slots over the waves they take."""
+    programs = nheads * max(1, sms // nheads)
+    waves = -(-programs // sms)
+    return programs >= WS_MIN_FILL * waves * sms
+
+
+def warp_specialized(nheads: int, device_index: int | None) -> bool:
+    """Whether the run kernel runs on three warpgroups (WARP_SPECIALIZE, or
+    by default ws_fills) for nheads heads on the GPU device_index."""
+    if WARP_SPECIALIZE is not None:
+        return WARP_SPECIALIZE
+    return ws_fills(nheads, _num_sms(device_index))
 
 
 def run_length(n_chunks: int, nheads: int, slots: int) -> int:
@@ -1103,8 +1545,10 @@ def launch(
     _, ngroups, dstate = B.shape
     n_chunks = cu_chunk_seqlens.shape[0] - 1
     run = RUN_CHUNKS
+    specialize = run != 0 and warp_specialized(nheads, x.device.index)
     if run is None:
-        run = run_length(n_chunks, nheads, RUN_SLOTS_PER_SM * _num_sms(x.device.index))
+        per_sm = 1 if specialize else RUN_SLOTS_PER_SM
+        run = run_length(n_chunks, nheads, per_sm * _num_sms(x.device.index))
     n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
@@ -1141,5 +1585,6 @@ def launch(
         WRITE_FINAL=write_final,
         FINAL_HAS_INDICES=final_state_indices is not None,
         RUNS=run > 0,
+        WS=specialize,
         num_warps=4,
     )  # fmt: skip
