@@ -37,8 +37,9 @@ constexpr:
   (``_split``), so that with one sequence over all runs of a head every
   program does the same (runs - 1) / runs of a run's state pass and none
   waits for its predecessor's.
-  Measured on H200 (results/ssd_prefill-h200 of the stack, the sm90_ms
-  column), ms per call, chunk programs / run kernel, granite-4.0-h-small
+  Measured on H200 (results/ssd_prefill-h200 of the stack as of its commit
+  8101459, the sm90_ms column), ms per call, chunk programs / one-warpgroup
+  run kernel, granite-4.0-h-small
   dims, 16k / 256k tokens: one sequence 0.562 / 9.01 against 0.424 / 7.18,
   8 sequences 0.555 / 9.00 against 0.371 / 6.18 (Mamba2-2.7B, Nemotron-H:
   0.351-0.703 / 5.64-11.2 against 0.275-0.482 / 4.19-8.09); the chunk
@@ -69,8 +70,11 @@ with the one it has run with (``GLUON_TESTED_TRITON``).
 
 Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
 at 16k / 256k tokens, one process): the chain 1.00 / 19.9, the Triton kernel
-0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the run kernel 0.42 / 7.2
-(the stack's results/ssd_prefill-h200). In earlier runs a plain port of the
+0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the one-warpgroup run kernel
+0.42 / 7.2 (the stack's results/ssd_prefill-h200 as of 8101459); in the
+current one the warp-specialized run kernel 0.375 / 5.83 against the
+one-warpgroup one's 0.429 / 7.25 and the chain's 1.01 / 20.4. In earlier runs
+a plain port of the
 Triton kernel's steps measured 0.80 / 12.5; dt kept in shared memory and the
 TMA output stores took it to 0.65 / 10.1 (results/ssd_fused_ablation-h200,
 run sm90-form), and the per-row factors computed once per program to
