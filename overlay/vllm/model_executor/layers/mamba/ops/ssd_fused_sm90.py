@@ -1192,16 +1192,17 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
         )
 
-        if WS:
-            # the run kernel's work item, on three warpgroups (see the module
-            # docstring): the output pass (this one), the running state, the
-            # loads
+        if RUNS:
+            # the run kernel's work item (both forms)
             (
                 r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
                 own_hi, help_lo,
             ) = _run_plan(
                 sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group
             )  # fmt: skip
+        if WS:
+            # the run kernel on three warpgroups (see the module docstring):
+            # the output pass (this one), the running state, the loads
             (
                 x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s,
                 ready, free, st_ready, st_free, fac_ready, fac_free,
@@ -1254,12 +1255,6 @@ if HAS_GLUON:
                 [WS_STATE_REGS, WS_LOADER_REGS],
             )  # fmt: skip
         elif RUNS:
-            (
-                r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
-                own_hi, help_lo,
-            ) = _run_plan(
-                sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group
-            )  # fmt: skip
             x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
                 _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
             )
