@@ -282,16 +282,12 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
 
         # run > 0: the run kernel (RUNS=True) with runs of that many chunks, on
         # one warpgroup or (ws) warp-specialized
-        saved = sm90.RUN_CHUNKS, getattr(sm90, "WARP_SPECIALIZE", None)
-        sm90.RUN_CHUNKS = run
-        if hasattr(sm90, "WARP_SPECIALIZE"):
-            sm90.WARP_SPECIALIZE = ws
+        saved = sm90.RUN_CHUNKS, sm90.WARP_SPECIALIZE
+        sm90.RUN_CHUNKS, sm90.WARP_SPECIALIZE = run, ws
         try:
             real, args, kwargs = _capture(sm90, "_ssd_fused_sm90_kernel", call)
         finally:
-            sm90.RUN_CHUNKS = saved[0]
-            if hasattr(sm90, "WARP_SPECIALIZE"):
-                sm90.WARP_SPECIALIZE = saved[1]
+            sm90.RUN_CHUNKS, sm90.WARP_SPECIALIZE = saved
         return name, real, args, kwargs
 
     yield launch("sm90 form: granite-small bf16 c256", heads=128, groups=1, chunk=256)

@@ -99,6 +99,19 @@ def runs_available() -> bool:
     return hasattr(importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_length")
 
 
+def _time_with(
+    timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, obj: Any, attr: str, value: Any
+) -> float:
+    """ms per call of fused_fn on the rotated input sets, with ``obj.attr``
+    set to value for the measurement (restored after)."""
+    saved = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        return timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
+    finally:
+        setattr(obj, attr, saved)
+
+
 def time_other_sm90_kernel(
     timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, form: str
 ) -> tuple[str, float]:
@@ -108,11 +121,7 @@ def time_other_sm90_kernel(
     would use (``run_length``)."""
     sm90 = importlib.import_module(FUSED_MODULE).ssd_fused_sm90
     if form == "sm90-ws":
-        saved_ws, sm90.WARP_SPECIALIZE = sm90.WARP_SPECIALIZE, False
-        try:
-            ms = timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
-        finally:
-            sm90.WARP_SPECIALIZE = saved_ws
+        ms = _time_with(timer, sets, fused_fn, reps, sm90, "WARP_SPECIALIZE", False)
         return "sm90_runs_ms", ms
     if form == "sm90-runs":
         name, run = "sm90_ms", 0
@@ -120,22 +129,14 @@ def time_other_sm90_kernel(
         s = sets[0]
         n_chunks = s.cu_chunk.shape[0] - 1
         name, run = "sm90_runs_ms", sm90.run_length(n_chunks, s.x.shape[1], _sm90_slots(s, sm90))
-    saved, sm90.RUN_CHUNKS = sm90.RUN_CHUNKS, run
-    try:
-        return name, timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
-    finally:
-        sm90.RUN_CHUNKS = saved
+    return name, _time_with(timer, sets, fused_fn, reps, sm90, "RUN_CHUNKS", run)
 
 
 def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int) -> float:
     """ms per call of the portable Triton form on the same inputs (the fused
     module's USE_SM90_KERNEL switched off for the measurement)."""
     mod = importlib.import_module(FUSED_MODULE)
-    saved, mod.USE_SM90_KERNEL = mod.USE_SM90_KERNEL, False
-    try:
-        return timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
-    finally:
-        mod.USE_SM90_KERNEL = saved
+    return _time_with(timer, sets, fused_fn, reps, mod, "USE_SM90_KERNEL", False)
 
 
 def load_fused() -> tuple[Any, str]:
