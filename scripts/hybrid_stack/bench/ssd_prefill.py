@@ -86,57 +86,47 @@ def kernel_form(s: Inputs) -> str | None:
     return "sm90-runs"
 
 
-def _sm90_slots(s: Inputs, sm90: Any) -> int:
-    """Resident programs of the sm_90 kernel on the inputs' GPU."""
-    import torch
-
-    sms = torch.cuda.get_device_properties(s.x.device).multi_processor_count
-    return sm90.RUN_SLOTS_PER_SM * sms
-
-
 def runs_available() -> bool:
     """Whether the stack's sm_90 kernel has the runs mode."""
     return hasattr(importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_length")
 
 
 def _time_with(
-    timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, obj: Any, attr: str, value: Any
+    timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, obj: Any, **values: Any
 ) -> float:
-    """ms per call of fused_fn on the rotated input sets, with ``obj.attr``
-    set to value for the measurement (restored after)."""
-    saved = getattr(obj, attr)
-    setattr(obj, attr, value)
+    """ms per call of fused_fn on the rotated input sets, with the attributes
+    of obj set to values for the measurement (restored after)."""
+    saved = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
     try:
         return timer.median_ms(lambda i: sets[i % len(sets)].run(fused_fn), reps=reps)
     finally:
-        setattr(obj, attr, saved)
+        for name, value in saved.items():
+            setattr(obj, name, value)
 
 
 def time_other_sm90_kernel(
     timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, form: str
 ) -> tuple[str, float]:
-    """ms per call of the sm_90 mode the launcher did not pick, on the same
-    inputs: the one-warpgroup run kernel where the warp-specialized one ran,
-    chunk programs where that ran, else runs of the length the launcher
-    would use (``run_length``)."""
+    """ms per call of an sm_90 kernel the launcher did not pick, on the same
+    inputs: the one-warpgroup run kernel where the warp-specialized one or
+    (forced) chunk programs ran, chunk programs where the one-warpgroup run
+    kernel ran. The run kernel's runs are the launcher's (``RUN_CHUNKS`` =
+    None)."""
     sm90 = importlib.import_module(FUSED_MODULE).ssd_fused_sm90
-    if form == "sm90-ws":
-        ms = _time_with(timer, sets, fused_fn, reps, sm90, "WARP_SPECIALIZE", False)
-        return "sm90_runs_ms", ms
     if form == "sm90-runs":
-        name, run = "sm90_ms", 0
-    else:
-        s = sets[0]
-        n_chunks = s.cu_chunk.shape[0] - 1
-        name, run = "sm90_runs_ms", sm90.run_length(n_chunks, s.x.shape[1], _sm90_slots(s, sm90))
-    return name, _time_with(timer, sets, fused_fn, reps, sm90, "RUN_CHUNKS", run)
+        return "sm90_ms", _time_with(timer, sets, fused_fn, reps, sm90, RUN_CHUNKS=0)
+    return "sm90_runs_ms", _time_with(
+        timer, sets, fused_fn, reps, sm90, RUN_CHUNKS=None, WARP_SPECIALIZE=False
+    )
 
 
 def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int) -> float:
     """ms per call of the portable Triton form on the same inputs (the fused
     module's USE_SM90_KERNEL switched off for the measurement)."""
     mod = importlib.import_module(FUSED_MODULE)
-    return _time_with(timer, sets, fused_fn, reps, mod, "USE_SM90_KERNEL", False)
+    return _time_with(timer, sets, fused_fn, reps, mod, USE_SM90_KERNEL=False)
 
 
 def load_fused() -> tuple[Any, str]:

@@ -53,8 +53,14 @@ TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 # sm_90 kernel -> (ssd_fused_sm90.RUN_CHUNKS, .WARP_SPECIALIZE): the
 # chunk-program kernel (0), the run kernel with runs of 3 chunks on one
-# warpgroup and on three (warp-specialized)
-SM90_KERNELS = {"sm90": (0, False), "sm90-runs": (3, False), "sm90-ws": (3, True)}
+# warpgroup, and on three (warp-specialized) ranges of 3 chunks (crossing
+# heads) and of the launcher's default plan (one program per SM)
+SM90_KERNELS = {
+    "sm90": (0, False),
+    "sm90-runs": (3, False),
+    "sm90-ws": (3, True),
+    "sm90-ws-sms": (None, True),
+}
 
 
 @pytest.fixture(params=["triton", *SM90_KERNELS])

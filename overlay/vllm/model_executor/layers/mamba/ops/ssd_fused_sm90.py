@@ -50,19 +50,27 @@ The run kernel has two forms (WS constexpr, ``warp_specialized``):
 * one warpgroup, RUN_SLOTS_PER_SM programs per SM (the run kernel above);
 * warp-specialized (``_ws_output`` / ``_ws_state`` / ``_ws_loader``): one
   program per SM on three warpgroups joined by mbarrier rings in shared
-  memory. The loader issues every row tile by TMA into a three-deep ring; the
-  state warpgroup runs the state passes and hand-overs, then carries S_run
-  through the run, publishing each 64-row block's S_run (bf16, two-slot ring)
-  while the block's update is in flight and each chunk's dt factors (two-slot
-  ring); the output warpgroup computes C.B^T, C.S_run and y from them. Each
-  ring is released by its consumers before it is refilled, and the state
-  warpgroup runs at most two row blocks and one chunk ahead of the output
-  warpgroup, so no wait closes a cycle within a program; across programs the
-  ticket argument below holds unchanged. Used where its programs fill the GPU
-  (``ws_fills``): at 128 heads (granite, Nemotron-H) 0.375 / 0.399 ms at 16k
-  tokens against the one-warpgroup form's 0.429 / 0.508 (one sequence; the
-  stack's results/ssd_prefill-h200 and ssd_fused_ws-h200); at 80 heads it
-  leaves 52 of 132 SMs idle and is slower.
+  memory. A program's work item is a range of the heads x chunks in
+  head-major order (``_ws_plan``, ``ws_programs``): one head where the heads
+  fill the SMs, else the part of one head and the first chunks of the next,
+  so that every SM has a program; a range's tail is handed over as above,
+  its state pass split with the next program. The loader issues every row
+  tile by TMA into a three-deep ring, pass by pass; the state warpgroup runs
+  the state passes and hand-overs, then carries S_run through the range,
+  publishing each 64-row block's S_run (bf16, two-slot ring) while the
+  block's update is in flight and each chunk's dt factors (two-slot ring);
+  the output warpgroup computes C.B^T, C.S_run and y from them. Each ring is
+  released by its consumers before it is refilled, and the state warpgroup
+  runs at most two row blocks and one chunk ahead of the output warpgroup,
+  so no wait closes a cycle within a program; across programs a program
+  waits only for its predecessor's hand-over (the ticket argument below).
+  Used where whole heads per program fill the GPU (``ws_fills``): at 128
+  heads (granite, Nemotron-H) 0.36 / 0.37 ms at 16k tokens against the
+  one-warpgroup form's 0.42 / 0.50 (one sequence; the stack's
+  results/ssd_fused_ws-h200, run 6). At 80 heads (Mamba2-2.7B) its ranges
+  fill all 132 SMs but the state passes then lie on one warpgroup's chain:
+  0.96x / 1.04x of the one-warpgroup form at 16k tokens (1 / 8 sequences)
+  and 0.86x at 64k, so that form runs there.
 
 Gluon is Triton's experimental lower-level language; this module compiles with
 the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
@@ -72,13 +80,12 @@ Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
 at 16k / 256k tokens, one process): the chain 1.00 / 19.9, the Triton kernel
 0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the one-warpgroup run kernel
 0.42 / 7.2 (the stack's results/ssd_prefill-h200 as of 8101459); in the
-current one the warp-specialized run kernel 0.375 / 5.83 against the
-one-warpgroup one's 0.429 / 7.25 and the chain's 1.01 / 20.4. In earlier runs
-a plain port of the
-Triton kernel's steps measured 0.80 / 12.5; dt kept in shared memory and the
-TMA output stores took it to 0.65 / 10.1 (results/ssd_fused_ablation-h200,
-run sm90-form), and the per-row factors computed once per program to
-0.58 / 9.4 (run sm90-breakdown).
+current one the warp-specialized run kernel 0.365 / 6.10 against the
+one-warpgroup one's 0.421 / 7.04 and the chain's 0.983 / 19.3. In earlier
+runs a plain port of the Triton kernel's steps measured 0.80 / 12.5; dt
+kept in shared memory and the TMA output stores took it to 0.65 / 10.1
+(results/ssd_fused_ablation-h200, run sm90-form), and the per-row factors
+computed once per program to 0.58 / 9.4 (run sm90-breakdown).
 
 Used by ``mamba_chunk_scan_fused_varlen`` where ``ssd_fused.use_sm90_kernel``
 holds: ``supports`` below (sm_90, bf16 x / B / C / out with unit-stride,
@@ -748,11 +755,10 @@ if HAS_GLUON:
         r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
         help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr, stride_dt_t,
         stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s,
-        x_s, b_s, c_s, bars, free, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
+        x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
         stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
         sync_ptr, nheads, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
         DT_SOFTPLUS: gl.constexpr, HAS_INITSTATES: gl.constexpr,
-        WS: gl.constexpr,
     ):  # fmt: skip
         """The state entering run r of head h (_run_plan): the state passes
         over its own tail part and the previous run's rest, the hand-over
@@ -770,8 +776,8 @@ if HAS_GLUON:
             tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
             cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, WS,
+            bars, bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, False,
         )  # fmt: skip
         if cont_out:
             # parked in this program's own workspace item (its flag is
@@ -782,8 +788,8 @@ if HAS_GLUON:
             help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
             cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, WS,
+            bars, bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, False,
         )  # fmt: skip
 
         # ---- state passing between runs (memory ordering as in ssd_fused) -
@@ -935,76 +941,227 @@ if HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _ws_loader(
-        x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free, cu_chunk_ptr, tail,
-        own_hi, help_lo, c0, c1, xcol, bcol,
-    ):  # fmt: skip
-        """Loader partition: every row tile the program reads, in the order
-        the state partition and the output partition consume them (the state
-        passes' x / B, then the output pass's x / B / C), each into its ring
-        slot once both consumers have released the slot."""
-        NBUF: gl.constexpr = x_s.shape[0]
-        ic, ikind = _settle(tail, gl.to_tensor(0), own_hi, help_lo, c0, c1)
-        ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
-        inb = gl.cdiv(ilen, _BLOCK_M)
-        ij = gl.to_tensor(0)
-        t = gl.to_tensor(0)
-        while ikind < 3:
-            s = t % NBUF
-            if t >= NBUF:
-                mbarrier.wait(free.index(s), (t // NBUF - 1) & 1)
-            _issue_run(
-                s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
-                xcol, bcol,
-            )  # fmt: skip
-            ic, ij, inb, ist, ikind = _advance(
-                ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
-            )
-            t += 1
+    def _half(lo, hi):
+        """Where the state pass over a warp-specialized program's tail
+        [lo, hi) is split: the program takes [lo, _half), the next one the
+        rest (both compute the same point)."""
+        return lo + (hi - lo + 1) // 2
 
     @gluon.jit
-    def _ws_state(
-        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
-        fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s, r, h, c0, c1,
-        seq_first, cont_in, seq_last, cont_out, tail, own_hi, help_lo, x_desc,
-        b_desc, c_desc, xcol, bcol, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
-        stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
-        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
-        ws_ptr, sync_ptr, nheads, inter_ptr, stride_inter_c, stride_inter_h,
+    def _ws_plan(sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs):
+        """The warp-specialized run kernel's work item: program p (its ticket)
+        takes chunks [p * F // n_programs, (p + 1) * F // n_programs) of the
+        F = nheads x n_chunks chunks in head-major order: a part of head ha
+        (chunks [a0, a1)) and, where the range crosses into the next head
+        (two), its first chunks [0, b1) of head hb = ha + 1 (else hb = ha and
+        b1 = a1). n_programs >= nheads, so a range is at most n_chunks long
+        and meets at most two heads."""
+        # No deadlock, whatever order the hardware starts programs in: the
+        # program holding ticket p waits only for the hand-over of ticket
+        # p - 1 (at most once), taken before it by a running program; the
+        # running program with the smallest ticket waits for nothing, so by
+        # induction every program gets its hand-over (as in _run_plan).
+        p = gl.atomic_add(sync_ptr, 1, sem="relaxed")
+        total = nheads * n_chunks
+        lo = p.to(gl.int64) * total // n_programs
+        hi = (p + 1).to(gl.int64) * total // n_programs
+        ha = (lo // n_chunks).to(gl.int32)
+        hb = ((hi - 1) // n_chunks).to(gl.int32)
+        a0 = (lo - ha.to(gl.int64) * n_chunks).to(gl.int32)
+        b1 = (hi - hb.to(gl.int64) * n_chunks).to(gl.int32)
+        two = hb > ha
+        if two:
+            a1 = gl.to_tensor(n_chunks)
+            b0 = gl.to_tensor(0)
+        else:
+            a1 = b1
+            b0 = a0
+        seq_first = gl.load(seq_idx_ptr + a0)
+        cont_in = seq_first == gl.load(seq_idx_ptr + a0 - 1, mask=a0 > 0, other=-1)
+        seq_last = gl.load(seq_idx_ptr + b1 - 1)
+        cont_out = seq_last == gl.load(seq_idx_ptr + b1, mask=b1 < n_chunks, other=-1)
+        # the tail: the range's last chunks of seq_last, in head hb. Where the
+        # next program continues seq_last the state pass over the tail is
+        # split with it (_half): this program hands over the state at own_hi;
+        # where this one continues the previous program's seq_first (in head
+        # ha) it takes the rest of that program's tail, [help_lo, a0).
+        tail = _first_of(seq_idx_ptr, b0, b1, seq_last)
+        if cont_out:  # noqa: SIM108
+            own_hi = _half(tail, b1)
+        else:
+            own_hi = tail
+        if cont_in:
+            prev = (p - 1).to(gl.int64) * total // n_programs
+            prev_lo = gl.maximum((prev - ha.to(gl.int64) * n_chunks).to(gl.int32), 0)
+            help_lo = _half(_first_of(seq_idx_ptr, prev_lo, a0, seq_first), a0)
+        else:
+            help_lo = a0
+        return (
+            p, ha, a0, a1, hb, b1, two, seq_first, cont_in, seq_last, cont_out,
+            tail, own_hi, help_lo,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _ws_load_pass(
+        lo, hi, kind, xcol, bcol, t, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+        free, cu_chunk_ptr,
+    ):  # fmt: skip
+        """The loader's row tiles of chunks [lo, hi) for a state pass (kind 0:
+        x, B) or an output pass (1: x, B, C), each into its ring slot once
+        both consumers have released the slot; returns the tile count."""
+        NBUF: gl.constexpr = x_s.shape[0]
+        for c in range(lo, hi):
+            ist, ilen = _chunk_bounds(cu_chunk_ptr, c)
+            for ij in range(gl.cdiv(ilen, _BLOCK_M)):
+                s = t % NBUF
+                if t >= NBUF:
+                    mbarrier.wait(free.index(s), (t // NBUF - 1) & 1)
+                _issue(
+                    s, ij, ist, kind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+                    xcol, bcol,
+                )  # fmt: skip
+                t += 1
+        return t
+
+    @gluon.jit
+    def _ws_loader(
+        x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free, cu_chunk_ptr, ha, a0,
+        a1, hb, b1, two, tail, own_hi, help_lo, heads_per_group: gl.constexpr,
+    ):  # fmt: skip
+        """Loader partition: every row tile the program reads, in the order
+        the state partition and the output partition consume them: the state
+        passes' x / B (own tail part in head hb, the previous program's rest
+        in head ha), then the output passes' x / B / C (head ha, then hb)."""
+        P: gl.constexpr = x_desc.block_type.shape[1]
+        N: gl.constexpr = b_desc.block_type.shape[1]
+        xa = ha * P
+        ba = (ha // heads_per_group) * N
+        xb = hb * P
+        bb = (hb // heads_per_group) * N
+        t = gl.to_tensor(0)
+        t = _ws_load_pass(
+            tail, own_hi, 0, xb, bb, t, x_desc, b_desc, c_desc, x_s, b_s, c_s,
+            ready, free, cu_chunk_ptr,
+        )  # fmt: skip
+        t = _ws_load_pass(
+            help_lo, a0, 0, xa, ba, t, x_desc, b_desc, c_desc, x_s, b_s, c_s,
+            ready, free, cu_chunk_ptr,
+        )  # fmt: skip
+        t = _ws_load_pass(
+            a0, a1, 1, xa, ba, t, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+            free, cu_chunk_ptr,
+        )  # fmt: skip
+        if two:
+            _ws_load_pass(
+                0, b1, 1, xb, bb, t, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+                free, cu_chunk_ptr,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _ws_entry(
+        p, ha, a0, hb, two, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
+        help_lo, A_a, dtb_a, A_b, dtb_b, x_s, b_s, c_s, ready, free, dt_r, cs_r,
+        ecs_r, wout_r, wst_s, x_desc, b_desc, c_desc, cu_chunk_ptr, dt_ptr,
+        stride_dt_t, stride_dt_h, dt_min, dt_max, init_ptr, stride_init_b,
+        stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr,
+        NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr,
+    ):  # fmt: skip
+        """The state partition's state passes and hand-overs (_ws_plan): the
+        state entering chunk a0 of head ha (fp32, in the state dots' layout)
+        and the tile count. The state at own_hi is handed over as soon as
+        it is known: before waiting for the previous program where the tail
+        is in the next head (its sequence starts in this range)."""
+        P: gl.constexpr = x_s.shape[2]
+        N: gl.constexpr = b_s.shape[2]
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
+        )
+        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
+        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
+        z = gl.to_tensor(0)
+        s_own, dA_own, t, _, _, _, _, _ = _state_pass(
+            tail, own_hi, z, z, z, z, z, z, z, z, z, z, cu_chunk_ptr, dt_ptr, hb,
+            stride_dt_t, stride_dt_h, A_b, dtb_b, dt_min, dt_max, dt_r.index(0),
+            cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0), x_s, b_s, c_s,
+            ready, free, x_desc, b_desc, c_desc, z, z, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, True,
+        )  # fmt: skip
+        if cont_out:
+            if two:
+                # seq_last starts in head hb's first chunks here
+                s_in = _seq_init_state(
+                    init_ptr, seq_last, hb, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                    HAS_INITSTATES,
+                )  # fmt: skip
+                _hand_over(ws_ptr, sync_ptr, p, _exp(dA_own) * s_in + s_own, mma_s)
+            else:
+                # parked in this program's own workspace item (its flag is
+                # still 0), read back by the same threads below
+                gl.store(_ws_ptrs(ws_ptr, p, P, N, mma_s), s_own, cache_modifier=".cg")
+        s_acc, dA_help, t, _, _, _, _, _ = _state_pass(
+            help_lo, a0, t, z, z, z, z, z, z, z, z, z, cu_chunk_ptr, dt_ptr, ha,
+            stride_dt_t, stride_dt_h, A_a, dtb_a, dt_min, dt_max, dt_r.index(0),
+            cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0), x_s, b_s, c_s,
+            ready, free, x_desc, b_desc, c_desc, z, z, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, True,
+        )  # fmt: skip
+        if cont_in:
+            # the previous program hands over the state at help_lo
+            s_prev = (
+                _exp(dA_help) * _take_state(ws_ptr, sync_ptr, p - 1, P, N, mma_s)
+                + s_acc
+            )
+        else:
+            s_prev = _seq_init_state(
+                init_ptr, seq_first, ha, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                HAS_INITSTATES,
+            )  # fmt: skip
+        if cont_out & (hb == ha):
+            # the state entering the tail: s_prev, or seq_last's initial one
+            # where seq_last starts inside the range
+            if tail > a0:
+                s_in = _seq_init_state(
+                    init_ptr, seq_last, ha, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                    HAS_INITSTATES,
+                )  # fmt: skip
+            else:
+                s_in = s_prev
+            own_ptrs = _ws_ptrs(ws_ptr, p, P, N, mma_s)
+            s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
+            _hand_over(ws_ptr, sync_ptr, p, s_mid, mma_s)
+        return s_prev, t
+
+    @gluon.jit
+    def _ws_state_run(
+        s_run, h, c0, c1, seq_c_prev, A, dt_bias, t, j, n, x_s, b_s, ready, free,
+        st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r,
+        wst_s, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max, cu_chunk_ptr,
+        seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+        stride_init_p, stride_init_n, inter_ptr, stride_inter_c, stride_inter_h,
         stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
         stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
         NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
         HAS_INITSTATES: gl.constexpr, WRITE_INTER: gl.constexpr,
         WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
     ):  # fmt: skip
-        """State partition: the state entering the run (state passes,
-        hand-overs), then the running state S_run through the run: each row
-        block's S_run (bf16) into the state ring for the output partition
-        before the block's update, the output pass's per-row factors of each
-        chunk into the factor ring, the chunk-end states where asked for."""
+        """The state partition over chunks [c0, c1) of head h from S_run =
+        s_run: each row block's S_run (bf16) into the state ring for the
+        output partition while the block's update is in flight, each
+        chunk's output factors into the factor ring, the chunk-end states
+        where asked for. t, j, n: tiles, row blocks and chunks the program
+        has consumed before; returns them moved on."""
         NBUF: gl.constexpr = x_s.shape[0]
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
         )
-        A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
-        zero = gl.to_tensor(0)
-        s_run, t, ic, ij, inb, ist, ikind = _entry_state(
-            r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
-            help_lo, zero, zero, zero, zero, zero, zero, cu_chunk_ptr, dt_ptr,
-            stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_r.index(0),
-            cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0), x_s, b_s, c_s,
-            ready, free, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
-            stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
-            sync_ptr, nheads, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, True,
-        )  # fmt: skip
-        # the output partition's first tile (read once st_ready[0] fires)
-        cnt_s.store(gl.full([1], t, gl.int32, layout=_VEC))
         offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
         offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-        j = 0  # row blocks of the output pass
-        seq_c_prev = seq_first
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(c0, c1):
@@ -1013,13 +1170,12 @@ if HAS_GLUON:
                 stride_dt_h, NB,
             )  # fmt: skip
             seq_c = gl.load(seq_idx_ptr + c)
-            if seq_c != seq_c_prev:  # a sequence starts inside the run
+            if seq_c != seq_c_prev:  # a sequence starts inside the range
                 s_run = _seq_init_state(
                     init_ptr, seq_c, h, stride_init_b, stride_init_h, stride_init_p,
                     stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
                 )  # fmt: skip
-            n = (c - c0).to(gl.int32)  # the run's chunk n: factor slot n % 2
-            fs = n % 2
+            fs = n % 2  # the factor slot of the program's chunk n
             if n >= 2:
                 mbarrier.wait(fac_free.index(fs), (n // 2 - 1) & 1)
             _chunk_factors(
@@ -1059,18 +1215,90 @@ if HAS_GLUON:
                 WRITE_FINAL, FINAL_HAS_INDICES,
             )  # fmt: skip
             seq_c_prev = seq_c
+            n += 1
+        return t, j, n
 
     @gluon.jit
-    def _ws_output(
+    def _ws_state(
         x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
-        fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s, y_s, out_desc, out_ptr, z_ptr,
-        D_ptr, stride_D_h, cu_chunk_ptr, h, c0, c1, xcol, stride_out_t,
-        stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
-        HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s, p, ha, a0, a1, hb, b1,
+        two, seq_first, cont_in, seq_last, cont_out, tail, own_hi, help_lo,
+        x_desc, b_desc, c_desc, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
+        stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
+        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+        ws_ptr, sync_ptr, inter_ptr, stride_inter_c, stride_inter_h,
+        stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
+        stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
+        NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr, WRITE_INTER: gl.constexpr,
+        WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
     ):  # fmt: skip
-        """Output partition (the program's first warpgroup): each row block's
-        outputs from its tiles, its S_run from the state ring and its
-        chunk's factors from the factor ring; no state update."""
+        """State partition: the state entering the range (_ws_entry), then
+        the running state through head ha's chunks [a0, a1) and, where the
+        range crosses into head hb, through its chunks [0, b1)."""
+        P: gl.constexpr = x_s.shape[2]
+        N: gl.constexpr = b_s.shape[2]
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
+        )
+        A_a, dtb_a = _head_params(A_ptr, dt_bias_ptr, ha, HAS_DT_BIAS)
+        A_b, dtb_b = _head_params(A_ptr, dt_bias_ptr, hb, HAS_DT_BIAS)
+        s_run, t = _ws_entry(
+            p, ha, a0, hb, two, seq_first, cont_in, seq_last, cont_out, tail,
+            own_hi, help_lo, A_a, dtb_a, A_b, dtb_b, x_s, b_s, c_s, ready, free,
+            dt_r, cs_r, ecs_r, wout_r, wst_s, x_desc, b_desc, c_desc, cu_chunk_ptr,
+            dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max, init_ptr,
+            stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
+            sync_ptr, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES,
+        )  # fmt: skip
+        # the output partition's first tile (read once st_ready[0] fires)
+        cnt_s.store(gl.full([1], t, gl.int32, layout=_VEC))
+        t, j, n = _ws_state_run(
+            s_run, ha, a0, a1, seq_first, A_a, dtb_a, t, gl.to_tensor(0),
+            gl.to_tensor(0), x_s, b_s, ready, free, st_ring, st_ready, st_free,
+            fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s, dt_ptr,
+            stride_dt_t, stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
+            last_chunk_ptr, init_ptr, stride_init_b, stride_init_h, stride_init_p,
+            stride_init_n, inter_ptr, stride_inter_c, stride_inter_h,
+            stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr,
+            stride_final_s, stride_final_h, stride_final_p, stride_final_n,
+            stride_final_idx, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES,
+            WRITE_INTER, WRITE_FINAL, FINAL_HAS_INDICES,
+        )  # fmt: skip
+        if two:
+            # head hb from its first chunk
+            seq0 = gl.load(seq_idx_ptr)
+            s0 = _seq_init_state(
+                init_ptr, seq0, hb, stride_init_b, stride_init_h, stride_init_p,
+                stride_init_n, gl.arange(0, P, layout=gl.SliceLayout(1, mma_s)),
+                gl.arange(0, N, layout=gl.SliceLayout(0, mma_s)), mma_s,
+                HAS_INITSTATES,
+            )  # fmt: skip
+            _ws_state_run(
+                s0, hb, 0, b1, seq0, A_b, dtb_b, t, j, n, x_s, b_s, ready, free,
+                st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r,
+                wout_r, wst_s, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
+                cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b,
+                stride_init_h, stride_init_p, stride_init_n, inter_ptr,
+                stride_inter_c, stride_inter_h, stride_inter_p, stride_inter_n,
+                final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
+                stride_final_p, stride_final_n, stride_final_idx, NB, HAS_DT_BIAS,
+                DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER, WRITE_FINAL,
+                FINAL_HAS_INDICES,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _ws_output_run(
+        h, c0, c1, t, j, n, x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
+        fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, y_s, out_desc, out_ptr,
+        z_ptr, D_ptr, stride_D_h, cu_chunk_ptr, stride_out_t, stride_out_h,
+        stride_out_p, stride_z_t, stride_z_h, stride_z_p, HAS_D: gl.constexpr,
+        D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+    ):  # fmt: skip
+        """The output partition over chunks [c0, c1) of head h: each row
+        block's outputs from its tiles, its S_run from the state ring and its
+        chunk's factors from the factor ring (no state update). t, j, n as
+        in _ws_state_run."""
         NBUF: gl.constexpr = x_s.shape[0]
         P: gl.constexpr = x_s.shape[2]
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(
@@ -1079,16 +1307,13 @@ if HAS_GLUON:
         Dv = _load_D(
             D_ptr, h, stride_D_h, P, gl.SliceLayout(0, mma_o), HAS_D, D_HAS_HDIM
         )
-        mbarrier.wait(st_ready.index(0), 0)
-        t = gl.max(cnt_s.load(_VEC), axis=0)
-        j = 0
+        xcol = h * P
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
         for c in range(c0, c1):
             cstart = nstart
             clen = nlen
             if c + 1 < c1:
                 nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
-            n = (c - c0).to(gl.int32)
             fs = n % 2
             mbarrier.wait(fac_ready.index(fs), (n // 2) & 1)
             for k in range(gl.cdiv(clen, _BLOCK_M)):
@@ -1111,6 +1336,37 @@ if HAS_GLUON:
                 t += 1
                 j += 1
             mbarrier.arrive(fac_free.index(fs))
+            n += 1
+        return t, j, n
+
+    @gluon.jit
+    def _ws_output(
+        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s, y_s, out_desc, out_ptr, z_ptr,
+        D_ptr, stride_D_h, cu_chunk_ptr, ha, a0, a1, hb, b1, two, stride_out_t,
+        stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
+        HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+    ):  # fmt: skip
+        """Output partition (the program's first warpgroup): head ha's chunks
+        [a0, a1), then, where the range crosses into head hb, its chunks
+        [0, b1)."""
+        mbarrier.wait(st_ready.index(0), 0)
+        t = gl.max(cnt_s.load(_VEC), axis=0)
+        t, j, n = _ws_output_run(
+            ha, a0, a1, t, gl.to_tensor(0), gl.to_tensor(0), x_s, b_s, c_s, ready,
+            free, st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r,
+            ecs_r, wout_r, y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h,
+            cu_chunk_ptr, stride_out_t, stride_out_h, stride_out_p, stride_z_t,
+            stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+        )  # fmt: skip
+        if two:
+            _ws_output_run(
+                hb, 0, b1, t, j, n, x_s, b_s, c_s, ready, free, st_ring, st_ready,
+                st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, y_s,
+                out_desc, out_ptr, z_ptr, D_ptr, stride_D_h, cu_chunk_ptr,
+                stride_out_t, stride_out_h, stride_out_p, stride_z_t, stride_z_h,
+                stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+            )  # fmt: skip
         tma.store_wait(0)
 
     @gluon.jit
@@ -1138,6 +1394,7 @@ if HAS_GLUON:
         dt_max,
         n_chunks,
         run_chunks,
+        n_programs,
         nheads: gl.constexpr,
         hdim: gl.constexpr,
         dstate: gl.constexpr,
@@ -1192,25 +1449,22 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
         )
 
-        if RUNS:
-            # the run kernel's work item (both forms)
-            (
-                r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
-                own_hi, help_lo,
-            ) = _run_plan(
-                sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group
-            )  # fmt: skip
         if WS:
             # the run kernel on three warpgroups (see the module docstring):
-            # the output pass (this one), the running state, the loads
+            # the output pass (this one), the running state, the loads; its
+            # work item: a range of the chunks in head-major order
+            (
+                p, ha, a0, a1, hb, b1, two, seq_first, cont_in, seq_last,
+                cont_out, tail, own_hi, help_lo,
+            ) = _ws_plan(
+                sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs
+            )  # fmt: skip
             (
                 x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s,
                 ready, free, st_ready, st_free, fac_ready, fac_free,
             ) = _allocate_ws(
                 x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB
             )  # fmt: skip
-            xcol = h * P
-            bcol = g * N
             gl.warp_specialize(
                 [
                     (
@@ -1219,7 +1473,7 @@ if HAS_GLUON:
                             x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
                             fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s,
                             y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h,
-                            cu_chunk_ptr, h, c0, c1, xcol, stride_out_t,
+                            cu_chunk_ptr, ha, a0, a1, hb, b1, two, stride_out_t,
                             stride_out_h, stride_out_p, stride_z_t, stride_z_h,
                             stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
                         ),
@@ -1229,12 +1483,12 @@ if HAS_GLUON:
                         (
                             x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
                             fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s,
-                            cnt_s, r, h, c0, c1, seq_first, cont_in, seq_last,
-                            cont_out, tail, own_hi, help_lo, x_desc, b_desc, c_desc,
-                            xcol, bcol, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
+                            cnt_s, p, ha, a0, a1, hb, b1, two, seq_first, cont_in,
+                            seq_last, cont_out, tail, own_hi, help_lo, x_desc,
+                            b_desc, c_desc, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
                             stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
                             last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
-                            stride_init_p, stride_init_n, ws_ptr, sync_ptr, nheads,
+                            stride_init_p, stride_init_n, ws_ptr, sync_ptr,
                             inter_ptr, stride_inter_c, stride_inter_h,
                             stride_inter_p, stride_inter_n, final_ptr,
                             final_idx_ptr, stride_final_s, stride_final_h,
@@ -1247,7 +1501,8 @@ if HAS_GLUON:
                         _ws_loader,
                         (
                             x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free,
-                            cu_chunk_ptr, tail, own_hi, help_lo, c0, c1, xcol, bcol,
+                            cu_chunk_ptr, ha, a0, a1, hb, b1, two, tail, own_hi,
+                            help_lo, heads_per_group,
                         ),
                     ),
                 ],
@@ -1255,6 +1510,13 @@ if HAS_GLUON:
                 [WS_STATE_REGS, WS_LOADER_REGS],
             )  # fmt: skip
         elif RUNS:
+            # one warpgroup; its work item: run r of head h
+            (
+                r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
+                own_hi, help_lo,
+            ) = _run_plan(
+                sync_ptr, seq_idx_ptr, n_chunks, run_chunks, nheads, heads_per_group
+            )  # fmt: skip
             x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
                 _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
             )
@@ -1280,10 +1542,10 @@ if HAS_GLUON:
                 r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
                 help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
                 stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s,
-                ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, bars, x_desc, b_desc,
-                c_desc, xcol, bcol, init_ptr, stride_init_b, stride_init_h,
-                stride_init_p, stride_init_n, ws_ptr, sync_ptr, nheads, NB,
-                HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, False,
+                ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc,
+                xcol, bcol, init_ptr, stride_init_b, stride_init_h, stride_init_p,
+                stride_init_n, ws_ptr, sync_ptr, nheads, NB, HAS_DT_BIAS,
+                DT_SOFTPLUS, HAS_INITSTATES,
             )  # fmt: skip
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
@@ -1473,9 +1735,10 @@ def _num_sms(device_index: int | None) -> int:
 
 
 def ws_fills(nheads: int, sms: int) -> bool:
-    """Whether the warp-specialized run kernel's programs (one per SM,
-    ``sms // nheads`` runs per head) fill at least WS_MIN_FILL of the SMs'
-    slots over the waves they take."""
+    """The default for the warp-specialized run kernel: whether whole heads
+    per program (``sms // nheads`` programs per head, one per SM) fill at
+    least WS_MIN_FILL of the SMs over the waves they take (its programs are
+    then ``ws_programs``)."""
     programs = nheads * max(1, sms // nheads)
     waves = -(-programs // sms)
     return programs >= WS_MIN_FILL * waves * sms
@@ -1487,6 +1750,27 @@ def warp_specialized(nheads: int, device_index: int | None) -> bool:
     if WARP_SPECIALIZE is not None:
         return WARP_SPECIALIZE
     return ws_fills(nheads, _num_sms(device_index))
+
+
+def ws_programs(
+    n_chunks: int, nheads: int, run: int | None, device_index: int | None
+) -> int:
+    """Programs of the warp-specialized run kernel, each a range of the
+    n_chunks x nheads chunks in head-major order (``_ws_plan``): ranges of
+    ``run`` chunks where it is forced; else one head per program where the
+    heads fill the SMs (at least WS_MIN_FILL of them), one program per SM
+    where they do not. At least nheads (a range then meets at most two
+    heads), at most one per chunk."""
+    total = n_chunks * nheads
+    if run is None:
+        sms = _num_sms(device_index)
+        if nheads >= WS_MIN_FILL * sms:
+            programs = nheads * max(1, sms // nheads)
+        else:
+            programs = sms
+    else:
+        programs = -(-total // run)
+    return min(total, max(nheads, programs))
 
 
 def run_length(n_chunks: int, nheads: int, slots: int) -> int:
@@ -1545,10 +1829,14 @@ def launch(
     n_chunks = cu_chunk_seqlens.shape[0] - 1
     run = RUN_CHUNKS
     specialize = run != 0 and warp_specialized(nheads, x.device.index)
-    if run is None:
-        per_sm = 1 if specialize else RUN_SLOTS_PER_SM
-        run = run_length(n_chunks, nheads, per_sm * _num_sms(x.device.index))
-    n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
+    if specialize:
+        n_items = ws_programs(n_chunks, nheads, run, x.device.index)
+        run = -(-n_chunks * nheads // n_items)  # (RUNS; unused by WS)
+    else:
+        if run is None:
+            slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
+            run = run_length(n_chunks, nheads, slots)
+        n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
     def rows_desc(t: torch.Tensor, width: int, layout) -> "TensorDescriptor":
@@ -1565,7 +1853,7 @@ def launch(
         rows_desc(out, headdim, row_layout),
         dt, A, D, z, dt_bias, out, initial_states, ws, sync, inter, final,
         final_state_indices, cu_chunk_seqlens, seq_idx, last_chunk_indices,
-        float(dt_limit[0]), float(dt_limit[1]), n_chunks, run,
+        float(dt_limit[0]), float(dt_limit[1]), n_chunks, run, n_items,
         nheads, headdim, dstate, nheads // ngroups,
         *dt.stride(),
         D.stride(0) if D is not None else 0,
