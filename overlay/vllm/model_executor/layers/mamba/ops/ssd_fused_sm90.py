@@ -752,68 +752,88 @@ if HAS_GLUON:
 
     @gluon.jit
     def _entry_state(
-        r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
-        help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr, stride_dt_t,
-        stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s,
-        x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
-        stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
-        sync_ptr, nheads, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
-        DT_SOFTPLUS: gl.constexpr, HAS_INITSTATES: gl.constexpr,
+        item, prev, ha, hb, two, c0, c1, seq_first, cont_in, seq_last, cont_out,
+        tail, own_hi, help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
+        stride_dt_t, stride_dt_h, A_a, dtb_a, A_b, dtb_b, dt_min, dt_max, dt_s,
+        cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, free, x_desc, b_desc,
+        c_desc, xcol, bcol, init_ptr, stride_init_b, stride_init_h,
+        stride_init_p, stride_init_n, ws_ptr, sync_ptr, NB: gl.constexpr,
+        HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr, TWO_HEADS: gl.constexpr, WS: gl.constexpr,
     ):  # fmt: skip
-        """The state entering run r of head h (_run_plan): the state passes
-        over its own tail part and the previous run's rest, the hand-over
-        from the previous run and to the next one. Returns it (fp32, in the
-        state dots' layout), the load count and the cursor moved on."""
+        """The state entering chunk c0 of head ha for work item ``item``
+        (_run_plan: run r of head h, ha = hb = h; _ws_plan: a range, whose
+        tail is in head hb, the next head where ``two``, possible only with
+        TWO_HEADS): the state passes over its own tail part (head hb) and the
+        previous item's rest (head ha, item ``prev``), the hand-over from
+        the previous item and to the next one. The state at own_hi is handed
+        over as soon as it is known: where the tail is in the next head, its
+        sequence starts in the range, so before waiting for the previous
+        item. Returns the entry state (fp32, in the state dots' layout), the
+        load count and the cursor moved on (WS: loads come from the loader
+        partition, the cursor stays)."""
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
         )
-        item = r * nheads + h
-
-        # ---- state passes: own tail part, then the previous run's rest --
+        # ---- state passes: own tail part, then the previous item's rest --
         s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
             tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-            cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+            cu_chunk_ptr, dt_ptr, hb, stride_dt_t, stride_dt_h, A_b, dtb_b,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-            bars, bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, False,
+            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, WS,
         )  # fmt: skip
         if cont_out:
-            # parked in this program's own workspace item (its flag is
-            # still 0), read back by the same threads below
-            own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
-            gl.store(own_ptrs, s_own, cache_modifier=".cg")
+            if TWO_HEADS and two:
+                # seq_last starts in head hb's first chunks here
+                s_in = _seq_init_state(
+                    init_ptr, seq_last, hb, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n,
+                    gl.arange(0, P, layout=gl.SliceLayout(1, mma_s)),
+                    gl.arange(0, N, layout=gl.SliceLayout(0, mma_s)), mma_s,
+                    HAS_INITSTATES,
+                )  # fmt: skip
+                s_mid = _exp(dA_own) * s_in + s_own
+                _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
+            else:
+                # parked in this program's own workspace item (its flag is
+                # still 0), read back by the same threads below
+                own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
+                gl.store(own_ptrs, s_own, cache_modifier=".cg")
         s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
             help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-            cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
+            cu_chunk_ptr, dt_ptr, ha, stride_dt_t, stride_dt_h, A_a, dtb_a,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-            bars, bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, False,
+            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS, WS,
         )  # fmt: skip
 
-        # ---- state passing between runs (memory ordering as in ssd_fused) -
+        # ---- state passing between items (memory ordering as in ssd_fused)
         offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
         offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
         if cont_in:
-            # the previous run hands over the state at help_lo
+            # the previous item hands over the state at help_lo
             s_prev = (
-                _exp(dA_help)
-                * _take_state(ws_ptr, sync_ptr, item - nheads, P, N, mma_s)
-                + s_acc
+                _exp(dA_help) * _take_state(ws_ptr, sync_ptr, prev, P, N, mma_s) + s_acc
             )
         else:
             s_prev = _seq_init_state(
-                init_ptr, seq_first, h, stride_init_b, stride_init_h,
+                init_ptr, seq_first, ha, stride_init_b, stride_init_h,
                 stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
                 HAS_INITSTATES,
             )  # fmt: skip
-        if cont_out:
+        if TWO_HEADS:  # noqa: SIM108
+            late = cont_out & (hb == ha)  # the tail is in head ha
+        else:
+            late = cont_out
+        if late:
             # the state entering the tail: s_prev, or seq_last's initial one
-            # where seq_last starts inside the run
+            # where seq_last starts inside the item
             if tail > c0:
                 s_in = _seq_init_state(
-                    init_ptr, seq_last, h, stride_init_b, stride_init_h,
+                    init_ptr, seq_last, ha, stride_init_b, stride_init_h,
                     stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
                     HAS_INITSTATES,
                 )  # fmt: skip
@@ -1058,84 +1078,6 @@ if HAS_GLUON:
             )  # fmt: skip
 
     @gluon.jit
-    def _ws_entry(
-        p, ha, a0, hb, two, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
-        help_lo, A_a, dtb_a, A_b, dtb_b, x_s, b_s, c_s, ready, free, dt_r, cs_r,
-        ecs_r, wout_r, wst_s, x_desc, b_desc, c_desc, cu_chunk_ptr, dt_ptr,
-        stride_dt_t, stride_dt_h, dt_min, dt_max, init_ptr, stride_init_b,
-        stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr,
-        NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
-        HAS_INITSTATES: gl.constexpr,
-    ):  # fmt: skip
-        """The state partition's state passes and hand-overs (_ws_plan): the
-        state entering chunk a0 of head ha (fp32, in the state dots' layout)
-        and the tile count. The state at own_hi is handed over as soon as
-        it is known: before waiting for the previous program where the tail
-        is in the next head (its sequence starts in this range)."""
-        P: gl.constexpr = x_s.shape[2]
-        N: gl.constexpr = b_s.shape[2]
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
-        )
-        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
-        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-        z = gl.to_tensor(0)
-        s_own, dA_own, t, _, _, _, _, _ = _state_pass(
-            tail, own_hi, z, z, z, z, z, z, z, z, z, z, cu_chunk_ptr, dt_ptr, hb,
-            stride_dt_t, stride_dt_h, A_b, dtb_b, dt_min, dt_max, dt_r.index(0),
-            cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0), x_s, b_s, c_s,
-            ready, free, x_desc, b_desc, c_desc, z, z, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, True,
-        )  # fmt: skip
-        if cont_out:
-            if two:
-                # seq_last starts in head hb's first chunks here
-                s_in = _seq_init_state(
-                    init_ptr, seq_last, hb, stride_init_b, stride_init_h,
-                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                    HAS_INITSTATES,
-                )  # fmt: skip
-                _hand_over(ws_ptr, sync_ptr, p, _exp(dA_own) * s_in + s_own, mma_s)
-            else:
-                # parked in this program's own workspace item (its flag is
-                # still 0), read back by the same threads below
-                gl.store(_ws_ptrs(ws_ptr, p, P, N, mma_s), s_own, cache_modifier=".cg")
-        s_acc, dA_help, t, _, _, _, _, _ = _state_pass(
-            help_lo, a0, t, z, z, z, z, z, z, z, z, z, cu_chunk_ptr, dt_ptr, ha,
-            stride_dt_t, stride_dt_h, A_a, dtb_a, dt_min, dt_max, dt_r.index(0),
-            cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0), x_s, b_s, c_s,
-            ready, free, x_desc, b_desc, c_desc, z, z, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, True,
-        )  # fmt: skip
-        if cont_in:
-            # the previous program hands over the state at help_lo
-            s_prev = (
-                _exp(dA_help) * _take_state(ws_ptr, sync_ptr, p - 1, P, N, mma_s)
-                + s_acc
-            )
-        else:
-            s_prev = _seq_init_state(
-                init_ptr, seq_first, ha, stride_init_b, stride_init_h,
-                stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                HAS_INITSTATES,
-            )  # fmt: skip
-        if cont_out & (hb == ha):
-            # the state entering the tail: s_prev, or seq_last's initial one
-            # where seq_last starts inside the range
-            if tail > a0:
-                s_in = _seq_init_state(
-                    init_ptr, seq_last, ha, stride_init_b, stride_init_h,
-                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
-                    HAS_INITSTATES,
-                )  # fmt: skip
-            else:
-                s_in = s_prev
-            own_ptrs = _ws_ptrs(ws_ptr, p, P, N, mma_s)
-            s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
-            _hand_over(ws_ptr, sync_ptr, p, s_mid, mma_s)
-        return s_prev, t
-
-    @gluon.jit
     def _ws_state_run(
         s_run, h, c0, c1, seq_c_prev, A, dt_bias, t, j, n, x_s, b_s, ready, free,
         st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r,
@@ -1233,7 +1175,7 @@ if HAS_GLUON:
         HAS_INITSTATES: gl.constexpr, WRITE_INTER: gl.constexpr,
         WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
     ):  # fmt: skip
-        """State partition: the state entering the range (_ws_entry), then
+        """State partition: the state entering the range (_entry_state), then
         the running state through head ha's chunks [a0, a1) and, where the
         range crosses into head hb, through its chunks [0, b1)."""
         P: gl.constexpr = x_s.shape[2]
@@ -1243,13 +1185,15 @@ if HAS_GLUON:
         )
         A_a, dtb_a = _head_params(A_ptr, dt_bias_ptr, ha, HAS_DT_BIAS)
         A_b, dtb_b = _head_params(A_ptr, dt_bias_ptr, hb, HAS_DT_BIAS)
-        s_run, t = _ws_entry(
-            p, ha, a0, hb, two, seq_first, cont_in, seq_last, cont_out, tail,
-            own_hi, help_lo, A_a, dtb_a, A_b, dtb_b, x_s, b_s, c_s, ready, free,
-            dt_r, cs_r, ecs_r, wout_r, wst_s, x_desc, b_desc, c_desc, cu_chunk_ptr,
-            dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max, init_ptr,
+        z = gl.to_tensor(0)
+        s_run, t, _, _, _, _, _ = _entry_state(
+            p, p - 1, ha, hb, two, a0, a1, seq_first, cont_in, seq_last, cont_out,
+            tail, own_hi, help_lo, z, z, z, z, z, z, cu_chunk_ptr, dt_ptr,
+            stride_dt_t, stride_dt_h, A_a, dtb_a, A_b, dtb_b, dt_min, dt_max,
+            dt_r.index(0), cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0),
+            x_s, b_s, c_s, ready, free, x_desc, b_desc, c_desc, z, z, init_ptr,
             stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
-            sync_ptr, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES,
+            sync_ptr, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, True, True,
         )  # fmt: skip
         # the output partition's first tile (read once st_ready[0] fires)
         cnt_s.store(gl.full([1], t, gl.int32, layout=_VEC))
@@ -1538,14 +1482,15 @@ if HAS_GLUON:
             t = 0  # loads consumed
 
             A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
+            item = r * nheads + h
             s_prev, t, ic, ij, inb, ist, ikind = _entry_state(
-                r, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail, own_hi,
-                help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
-                stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s,
-                ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc,
-                xcol, bcol, init_ptr, stride_init_b, stride_init_h, stride_init_p,
-                stride_init_n, ws_ptr, sync_ptr, nheads, NB, HAS_DT_BIAS,
-                DT_SOFTPLUS, HAS_INITSTATES,
+                item, item - nheads, h, h, False, c0, c1, seq_first, cont_in,
+                seq_last, cont_out, tail, own_hi, help_lo, t, ic, ij, inb, ist,
+                ikind, cu_chunk_ptr, dt_ptr, stride_dt_t, stride_dt_h, A, dt_bias,
+                A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s,
+                b_s, c_s, bars, bars, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
+                stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
+                sync_ptr, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, False, False,
             )  # fmt: skip
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
