@@ -1382,7 +1382,9 @@ if HAS_GLUON:
         """The fused prefill on sm_90: RUNS=False, one program per (chunk,
         head) (state pass, hand-over, output pass); RUNS=True, one program per
         (run of run_chunks consecutive chunks, head), the state carried
-        across the run's chunks (see the module docstring)."""
+        across the run's chunks; WS (with RUNS), warp-specialized, one
+        program per range of the heads x chunks (n_programs ranges; see the
+        module docstring)."""
         P: gl.constexpr = hdim
         N: gl.constexpr = dstate
         NB: gl.constexpr = CHUNK_SIZE // _BLOCK_M
@@ -1764,8 +1766,9 @@ def launch(
     final_state_indices: torch.Tensor | None,
     write_final: bool,
 ) -> None:
-    """Launch the run kernel (``run_length``; RUN_CHUNKS = 0: the
-    chunk-program kernel); argument
+    """Launch the run kernel (warp-specialized: ``ws_programs`` ranges; on
+    one warpgroup: ``run_length`` runs; RUN_CHUNKS = 0: the chunk-program
+    kernel); argument
     checks, the workspace ``ws`` (fp32, K x H x P x N), the zeroed ``sync``
     buffer (1 + K * H int32) and the state outputs (and D with a unit last
     stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s."""
