@@ -961,13 +961,6 @@ if HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _half(lo, hi):
-        """Where the state pass over a warp-specialized program's tail
-        [lo, hi) is split: the program takes [lo, _half), the next one the
-        rest (both compute the same point)."""
-        return lo + (hi - lo + 1) // 2
-
-    @gluon.jit
     def _ws_plan(sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs):
         """The warp-specialized run kernel's work item: program p (its ticket)
         takes chunks [p * F // n_programs, (p + 1) * F // n_programs) of the
@@ -1002,18 +995,20 @@ if HAS_GLUON:
         cont_out = seq_last == gl.load(seq_idx_ptr + b1, mask=b1 < n_chunks, other=-1)
         # the tail: the range's last chunks of seq_last, in head hb. Where the
         # next program continues seq_last the state pass over the tail is
-        # split with it (_half): this program hands over the state at own_hi;
-        # where this one continues the previous program's seq_first (in head
-        # ha) it takes the rest of that program's tail, [help_lo, a0).
+        # split with it in halves (_split as for the first of two runs): this
+        # program hands over the state at own_hi; where this one continues
+        # the previous program's seq_first (in head ha) it takes the rest of
+        # that program's tail, [help_lo, a0).
         tail = _first_of(seq_idx_ptr, b0, b1, seq_last)
         if cont_out:  # noqa: SIM108
-            own_hi = _half(tail, b1)
+            own_hi = _split(tail, b1, 0, 2)
         else:
             own_hi = tail
         if cont_in:
             prev = (p - 1).to(gl.int64) * total // n_programs
             prev_lo = gl.maximum((prev - ha.to(gl.int64) * n_chunks).to(gl.int32), 0)
-            help_lo = _half(_first_of(seq_idx_ptr, prev_lo, a0, seq_first), a0)
+            prev_tail = _first_of(seq_idx_ptr, prev_lo, a0, seq_first)
+            help_lo = _split(prev_tail, a0, 0, 2)
         else:
             help_lo = a0
         return (
@@ -1711,10 +1706,7 @@ def ws_programs(
     total = n_chunks * nheads
     if run is None:
         sms = _num_sms(device_index)
-        if nheads >= WS_MIN_FILL * sms:
-            programs = nheads * max(1, sms // nheads)
-        else:
-            programs = sms
+        programs = nheads if nheads >= WS_MIN_FILL * sms else sms
     else:
         programs = -(-total // run)
     return min(total, max(nheads, programs))
