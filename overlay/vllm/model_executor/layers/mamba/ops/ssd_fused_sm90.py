@@ -80,8 +80,8 @@ Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
 at 16k / 256k tokens, one process): the chain 1.00 / 19.9, the Triton kernel
 0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the one-warpgroup run kernel
 0.42 / 7.2 (the stack's results/ssd_prefill-h200 as of 8101459); in the
-current one the warp-specialized run kernel 0.365 / 6.10 against the
-one-warpgroup one's 0.421 / 7.04 and the chain's 0.983 / 19.3. In earlier
+current one the warp-specialized run kernel 0.364 / 5.97 against the
+one-warpgroup one's 0.425 / 7.19 and the chain's 1.01 / 20.4. In earlier
 runs a plain port of the Triton kernel's steps measured 0.80 / 12.5; dt
 kept in shared memory and the TMA output stores took it to 0.65 / 10.1
 (results/ssd_fused_ablation-h200, run sm90-form), and the per-row factors
@@ -189,9 +189,11 @@ if HAS_GLUON:
     _BLK_C = gl.constexpr(gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0]))
     _VEC = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
+    _LOG2E = gl.constexpr(1.4426950408889634)
+
     @gluon.jit
     def _exp(x):
-        return gl.exp2(x * 1.4426950408889634)
+        return gl.exp2(x * _LOG2E)
 
     @gluon.jit
     def _add(a, b):
@@ -297,7 +299,8 @@ if HAS_GLUON:
         with STATE_W the state pass's weights dt * exp(dA_tot - chunk
         cumsum) (the chunk cumsum is the block's cumsum cs of dt * A plus
         the totals of the blocks before), with OUT_W the output pass's dt,
-        cs, exp(cs) and dt * exp(block total - cs). The passes load them in
+        cs * log2(e) (the decay exponents in exp2's unit), exp(cs) and
+        dt * exp(block total - cs). The passes load them in
         the layouts they need, with no scans, reductions or layout changes
         per row block. A warp holds a row block, so only STATE_W exchanges
         data across warps (once). Returns dA_tot, the chunk's total
@@ -328,7 +331,7 @@ if HAS_GLUON:
             wst_s.store(dt * _exp(gl.minimum(dA_tot - (start[:, None] + cs), 0.0)))
         if OUT_W:
             dt_s.store(dt)
-            cs_s.store(cs)
+            cs_s.store(cs * _LOG2E)
             ecs_s.store(_exp(cs))
             wout_s.store(dt * _exp(gl.minimum(blk_tot[:, None] - cs, 0.0)))
         _cta_barrier()
@@ -363,6 +366,18 @@ if HAS_GLUON:
         return gl.sum(ecs_rows.index(k).slice(_BLOCK_M - 1, 1).load(_VEC), axis=0)
 
     @gluon.jit
+    def _exp_cap(P: gl.constexpr):
+        """The causal mask of a row block's C.B^T as the upper bound of its
+        decay exponents: 0 on and below the diagonal, -inf above (in the
+        layout of the output dots, N = P)."""
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]
+        )
+        offs_i = gl.arange(0, _BLOCK_M, layout=gl.SliceLayout(1, mma_o))
+        offs_j = gl.arange(0, _BLOCK_M, layout=gl.SliceLayout(0, mma_o))
+        return gl.where(offs_i[:, None] >= offs_j[None, :], 0.0, float("-inf"))
+
+    @gluon.jit
     def _store_run_state(st_s, s_run):
         """S_run, bf16, into shared memory for the next block's C.S_run, once
         every warp's C.S_run has read the old one."""
@@ -376,7 +391,7 @@ if HAS_GLUON:
         z_ptr, Dv, dt_rows, cs_rows, ecs_rows, wout_rows, stride_out_t,
         stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
         HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
-        UPDATE: gl.constexpr = True,
+        UPDATE: gl.constexpr = True, exp_cap=0.0, HAS_EXP_CAP: gl.constexpr = False,
     ):  # fmt: skip
         """Output rows [k * BLOCK_M, (k + 1) * BLOCK_M) of the chunk at rows
         [cstart, cstart + clen) for head h, with x / B / C from ring slot
@@ -389,7 +404,11 @@ if HAS_GLUON:
         rewritten). C_i . B_i^T, C_i . S_run and the state update are in
         flight while the decay factors are computed; y's dot while the new
         state goes to shared memory. Without UPDATE (the warp-specialized
-        kernel's output partition) S_run is only read from st_s."""
+        kernel's output partition) S_run is only read from st_s. With
+        HAS_EXP_CAP, exp_cap (_exp_cap) is the causal mask, applied as the
+        decay exponents' upper bound (exp2 of -inf is 0): it is hoisted out
+        of the loop by the caller, so no compare or select per element is
+        left here."""
         P: gl.constexpr = xs.shape[1]
         N: gl.constexpr = bs.shape[1]
         io_dtype: gl.constexpr = xs.dtype
@@ -436,16 +455,24 @@ if HAS_GLUON:
             # past clen)
             e_blk = _block_decay(ecs_rows, k)
             s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
+        # decay exponents in exp2's unit (_chunk_factors)
         cs_i = cs_rows.index(k).load(row_o)
         dt_j = dt_rows.index(k).load(col_o)
         cs_j = cs_rows.index(k).load(col_o)
-        fac = _exp(gl.minimum(cs_i[:, None] - cs_j[None, :], 0.0)) * dt_j[None, :]
+        if HAS_EXP_CAP:  # noqa: SIM108
+            cap = exp_cap
+        else:
+            cap = 0.0
+        fac = gl.exp2(gl.minimum(cs_i[:, None] - cs_j[None, :], cap)) * dt_j[None, :]
         if UPDATE:
             cb = warpgroup_mma_wait(2, deps=(cb,))
         else:
             cb = warpgroup_mma_wait(1, deps=(cb,))
-        causal = offs_i[:, None] >= offs_j[None, :]
-        lmat = gl.where(causal, cb * fac, 0.0).to(io_dtype)
+        if HAS_EXP_CAP:
+            lmat = (cb * fac).to(io_dtype)
+        else:
+            causal = offs_i[:, None] >= offs_j[None, :]
+            lmat = gl.where(causal, cb * fac, 0.0).to(io_dtype)
         lmat = gl.convert_layout(lmat, opa_o)
         if UPDATE:
             inter = warpgroup_mma_wait(1, deps=(inter,))
@@ -1231,8 +1258,8 @@ if HAS_GLUON:
         h, c0, c1, t, j, n, x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
         fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, y_s, out_desc, out_ptr,
         z_ptr, D_ptr, stride_D_h, cu_chunk_ptr, stride_out_t, stride_out_h,
-        stride_out_p, stride_z_t, stride_z_h, stride_z_p, HAS_D: gl.constexpr,
-        D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+        stride_out_p, stride_z_t, stride_z_h, stride_z_p, exp_cap,
+        HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
     ):  # fmt: skip
         """The output partition over chunks [c0, c1) of head h: each row
         block's outputs from its tiles, its S_run from the state ring and its
@@ -1266,7 +1293,7 @@ if HAS_GLUON:
                     Dv, _rows(dt_r.index(fs)), _rows(cs_r.index(fs)),
                     _rows(ecs_r.index(fs)), _rows(wout_r.index(fs)), stride_out_t,
                     stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
-                    HAS_D, D_HAS_HDIM, HAS_Z, False,
+                    HAS_D, D_HAS_HDIM, HAS_Z, False, exp_cap, True,
                 )  # fmt: skip
                 # (_output_block ends in a barrier: every warp is done with
                 # the tiles and the state)
@@ -1289,6 +1316,8 @@ if HAS_GLUON:
         """Output partition (the program's first warpgroup): head ha's chunks
         [a0, a1), then, where the range crosses into head hb, its chunks
         [0, b1)."""
+        # the causal mask, once (this partition has the registers for it)
+        exp_cap = _exp_cap(x_s.shape[2])
         mbarrier.wait(st_ready.index(0), 0)
         t = gl.max(cnt_s.load(_VEC), axis=0)
         t, j, n = _ws_output_run(
@@ -1296,7 +1325,7 @@ if HAS_GLUON:
             free, st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r,
             ecs_r, wout_r, y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h,
             cu_chunk_ptr, stride_out_t, stride_out_h, stride_out_p, stride_z_t,
-            stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+            stride_z_h, stride_z_p, exp_cap, HAS_D, D_HAS_HDIM, HAS_Z,
         )  # fmt: skip
         if two:
             _ws_output_run(
@@ -1304,7 +1333,7 @@ if HAS_GLUON:
                 st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, y_s,
                 out_desc, out_ptr, z_ptr, D_ptr, stride_D_h, cu_chunk_ptr,
                 stride_out_t, stride_out_h, stride_out_p, stride_z_t, stride_z_h,
-                stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+                stride_z_p, exp_cap, HAS_D, D_HAS_HDIM, HAS_Z,
             )  # fmt: skip
         tma.store_wait(0)
 
