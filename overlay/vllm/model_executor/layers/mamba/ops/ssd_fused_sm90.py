@@ -408,7 +408,8 @@ if HAS_GLUON:
         HAS_EXP_CAP, exp_cap (_exp_cap) is the causal mask, applied as the
         decay exponents' upper bound (exp2 of -inf is 0): it is hoisted out
         of the loop by the caller, so no compare or select per element is
-        left here."""
+        left here; without, exp_cap is 0.0 (the bound for j <= i) and the
+        mask is a select."""
         P: gl.constexpr = xs.shape[1]
         N: gl.constexpr = bs.shape[1]
         io_dtype: gl.constexpr = xs.dtype
@@ -459,11 +460,8 @@ if HAS_GLUON:
         cs_i = cs_rows.index(k).load(row_o)
         dt_j = dt_rows.index(k).load(col_o)
         cs_j = cs_rows.index(k).load(col_o)
-        if HAS_EXP_CAP:  # noqa: SIM108
-            cap = exp_cap
-        else:
-            cap = 0.0
-        fac = gl.exp2(gl.minimum(cs_i[:, None] - cs_j[None, :], cap)) * dt_j[None, :]
+        fac = gl.exp2(gl.minimum(cs_i[:, None] - cs_j[None, :], exp_cap))
+        fac = fac * dt_j[None, :]
         if UPDATE:
             cb = warpgroup_mma_wait(2, deps=(cb,))
         else:
