@@ -273,7 +273,6 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                 t(nchunks + 1, dt=i32), t(seqs, dt=i32), t(nchunks, dt=i32),
                 t(tokens, heads, hd), t(heads, dt=f32), None, t(heads, dt=f32), None,
                 True, (0.0, float("inf")),
-                t(nchunks, heads, hd, ds, dt=f32), t(1 + nchunks * heads, dt=i32),
                 t(nchunks, heads, hd, ds, dt=f32) if inter else None,
                 None if inter else t(8, heads, hd, ds, dt=f32),
                 None if inter else t(seqs, dt=i32),

@@ -620,7 +620,9 @@ def mamba_chunk_scan_fused_varlen(
     slice's chunk-end state, which it hands to the next chunk's program via
     an fp32 workspace (K, H, P, N) and a release/acquire flag.  Besides
     ``out``, ``final_states_out`` and the returned tensor, it writes only
-    that workspace and a small int32 flag buffer it allocates.
+    that workspace and a small int32 flag buffer it allocates. (The sm_90
+    forms hand over one state per program instead: their workspace is one
+    (P, N) state per work item, a few MB whatever the prefill's length.)
     """
     from vllm.platforms import current_platform
 
@@ -719,14 +721,6 @@ def _mamba_chunk_scan_fused_fwd(
             )
         )
 
-    params = _launch_params(chunk_size, headdim, dstate, x.dtype)
-    n_items = nchunks * nheads * params["NUM_P_BLOCKS"]
-
-    ws = torch.empty(
-        (nchunks, nheads, headdim, dstate), device=device, dtype=torch.float32
-    )
-    sync = torch.zeros(1 + n_items, device=device, dtype=torch.int32)
-
     inter = None
     if return_intermediate_states:
         inter = torch.empty(
@@ -746,11 +740,19 @@ def _mamba_chunk_scan_fused_fwd(
         ssd_fused_sm90.launch(
             x, dt, A, B, C, chunk_size, cu_chunk_seqlens, last_chunk_indices,
             seq_idx, out, D, z, dt_bias, initial_states, dt_softplus, dt_limit,
-            ws, sync, inter, final,
+            inter, final,
             final_state_indices if final_states_out is not None else None,
             write_final,
         )  # fmt: skip
     else:
+        params = _launch_params(chunk_size, headdim, dstate, x.dtype)
+        n_items = nchunks * nheads * params["NUM_P_BLOCKS"]
+        # a chunk-end state per chunk and head (each BLOCK_P slice its own
+        # part) and the zeroed ticket counter and flags
+        ws = torch.empty(
+            (nchunks, nheads, headdim, dstate), device=device, dtype=torch.float32
+        )
+        sync = torch.zeros(1 + n_items, device=device, dtype=torch.int32)
         _ssd_fused_varlen_kernel[(n_items,)](
             x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
             final, final_state_indices, cu_chunk_seqlens, seq_idx,

@@ -1778,8 +1778,6 @@ def launch(
     initial_states: torch.Tensor | None,
     dt_softplus: bool,
     dt_limit: tuple[float, float],
-    ws: torch.Tensor,
-    sync: torch.Tensor,
     inter: torch.Tensor | None,
     final: torch.Tensor | None,
     final_state_indices: torch.Tensor | None,
@@ -1787,10 +1785,11 @@ def launch(
 ) -> None:
     """Launch the run kernel (warp-specialized: ``ws_programs`` ranges; on
     one warpgroup: ``run_length`` runs; RUN_CHUNKS = 0: the chunk-program
-    kernel); argument
-    checks, the workspace ``ws`` (fp32, K x H x P x N), the zeroed ``sync``
-    buffer (1 + K * H int32) and the state outputs (and D with a unit last
-    stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s."""
+    kernel); argument checks and the state outputs (and D with a unit last
+    stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s. It allocates
+    what the hand-overs need: one fp32 (P, N) state per work item (a run,
+    a range or, for the chunk-program kernel, a chunk of a head) and the
+    zeroed int32 ticket counter and flags, 1 + items."""
     seqlen, nheads, headdim = x.shape
     _, ngroups, dstate = B.shape
     n_chunks = cu_chunk_seqlens.shape[0] - 1
@@ -1804,6 +1803,8 @@ def launch(
             slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
             run = run_length(n_chunks, nheads, slots)
         n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
+    ws = torch.empty((n_items, headdim, dstate), device=x.device, dtype=torch.float32)
+    sync = torch.zeros(1 + n_items, device=x.device, dtype=torch.int32)
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
     def rows_desc(t: torch.Tensor, width: int, layout) -> "TensorDescriptor":
