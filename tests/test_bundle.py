@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -436,3 +437,67 @@ def test_committed_results_follow_the_schema():
         md = path.with_suffix(".md")
         assert md.is_file(), f"{md.name} missing beside {path.name}"
         assert data["command"] in md.read_text()
+
+
+class _FakeCuda:
+    """torch.cuda stand-in for Timer on the CPU: events read a fake clock that
+    the timed functions move on."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = math.nan
+
+            def record(self) -> None:
+                self.t = clock.now
+
+            def elapsed_time(self, end: Event) -> float:
+                return end.t - self.t
+
+        self.Event = Event
+
+    def synchronize(self) -> None:
+        pass
+
+
+def fake_timer(order: list[str]) -> tuple[common.Timer, _FakeCuda]:
+    """A Timer on the fake clock; every L2 flush (one per sample) appends "|"
+    to order."""
+    cuda = _FakeCuda()
+    timer = object.__new__(common.Timer)
+    timer.torch = type("T", (), {"cuda": cuda})()
+    timer.min_sample_ms, timer.max_inner = 4.9, 64  # off float ties
+    timer.flush = type("F", (), {"zero_": lambda self: order.append("|")})()
+    return timer, cuda
+
+
+def test_paired_timer_interleaves_samples_and_pairs_slow_phases(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    order: list[str] = []
+    timer, cuda = fake_timer(order)
+    # the sample-size estimate reads the wall clock: the fake one (s)
+    monkeypatch.setattr(common.time, "perf_counter", lambda: cuda.now / 1e3)
+
+    def work(name: str, ms: float):
+        def fn(i: int) -> None:
+            order.append(name)
+            # a shared host 3x slower while the clock is in [45, 90) ms
+            cuda.now += ms * (3.0 if 45.0 <= cuda.now < 90.0 else 1.0)
+
+        return fn
+
+    base, val = timer.paired_median_ms([work("b", 1.0), work("v", 0.25)], warmup=2, reps=8)
+    samples = "".join(order).split("|")[1:]
+    # one sample of each per round, round r starting with function r mod 2;
+    # 1.0 ms calls make 5-call samples, 0.25 ms calls 20-call samples
+    assert samples == ["b" * 5, "v" * 20, "v" * 20, "b" * 5] * 4
+    # the slow phase spans several samples of both: their medians keep the
+    # 4x ratio (timed one after the other, v's samples would all be slow)
+    assert base == pytest.approx(1.0) and val == pytest.approx(0.25)
+    order.clear()
+    assert timer.median_ms(work("b", 2.0), warmup=1, reps=5) == pytest.approx(2.0)
+    assert "".join(order).split("|")[1:] == ["bbb"] * 5

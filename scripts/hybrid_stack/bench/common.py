@@ -102,6 +102,46 @@ class Timer:
         return self.METHOD.format(ms=self.min_sample_ms)
 
     def median_ms(self, fn: Callable[[int], Any], *, warmup: int = 3, reps: int = 20) -> float:
+        return self.paired_median_ms([fn], warmup=warmup, reps=reps)[0]
+
+    def paired_median_ms(
+        self, fns: Sequence[Callable[[int], Any]], *, warmup: int = 3, reps: int = 20
+    ) -> list[float]:
+        """``median_ms`` of each of ``fns``, their samples interleaved: round r
+        takes one sample of every function, starting with function r mod n,
+        so a slow phase of the host or the GPU (1k-token calls are bound by
+        host launch cost, which moves by up to 2x for seconds on a shared
+        host) falls on all of them alike and their ratio stays stable."""
+        torch = self.torch
+        inner = [self._inner_calls(fn, warmup) for fn in fns]
+        k = [warmup + 1] * len(fns)
+        n = len(fns)
+        events = [
+            [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(reps)
+            ]
+            for _ in fns
+        ]
+        for r in range(reps):
+            for j in range(n):
+                f = (r + j) % n
+                self.flush.zero_()
+                start, end = events[f][r]
+                start.record()
+                for _ in range(inner[f]):
+                    fns[f](k[f])
+                    k[f] += 1
+                end.record()
+        torch.cuda.synchronize()
+        return [
+            statistics.median(s.elapsed_time(e) / inner[f] for s, e in events[f]) for f in range(n)
+        ]
+
+    def _inner_calls(self, fn: Callable[[int], Any], warmup: int) -> int:
+        """Warm fn up (calls 0 .. warmup - 1), time call ``warmup`` and return
+        how many back-to-back calls make a sample of min_sample_ms (at most
+        max_inner)."""
         torch = self.torch
         for i in range(warmup):
             fn(i)
@@ -110,19 +150,7 @@ class Timer:
         fn(warmup)
         torch.cuda.synchronize()
         est_ms = (time.perf_counter() - t0) * 1e3
-        inner = max(1, min(self.max_inner, math.ceil(self.min_sample_ms / max(est_ms, 1e-3))))
-        k = warmup + 1
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for r in range(reps):
-            self.flush.zero_()
-            starts[r].record()
-            for _ in range(inner):
-                fn(k)
-                k += 1
-            ends[r].record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) / inner for s, e in zip(starts, ends))
+        return max(1, min(self.max_inner, math.ceil(self.min_sample_ms / max(est_ms, 1e-3))))
 
     def graph_ms(self, fn: Callable[[], Any], *, replays: int = 100) -> float:
         """GPU time of one ``fn()`` call with no host launch cost: the call is
