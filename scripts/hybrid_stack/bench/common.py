@@ -113,9 +113,9 @@ class Timer:
         host launch cost, which moves by up to 2x for seconds on a shared
         host) falls on all of them alike and their ratio stays stable."""
         torch = self.torch
-        inner = [self._inner_calls(fn, warmup) for fn in fns]
-        k = [warmup + 1] * len(fns)
         n = len(fns)
+        inner = [self._inner_calls(fn, warmup) for fn in fns]
+        k = [warmup + 1] * n
         events = [
             [
                 (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

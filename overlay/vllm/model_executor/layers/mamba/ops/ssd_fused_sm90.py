@@ -79,9 +79,9 @@ with the one it has run with (``GLUON_TESTED_TRITON``).
 Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
 at 16k / 256k tokens, one process): the chain 1.00 / 19.9, the Triton kernel
 0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the one-warpgroup run kernel
-0.42 / 7.2 (the stack's results/ssd_prefill-h200 as of 8101459); in the
-current one the warp-specialized run kernel 0.364 / 5.97 against the
-one-warpgroup one's 0.425 / 7.19 and the chain's 1.01 / 20.4. In earlier
+0.42 / 7.2 (the stack's results/ssd_prefill-h200 as of 8101459); as of
+4e1d81b the warp-specialized run kernel 0.353 / 5.68 against the
+one-warpgroup one's 0.420 / 7.01 and the chain's 0.99 / 19.2. In earlier
 runs a plain port of the Triton kernel's steps measured 0.80 / 12.5; dt
 kept in shared memory and the TMA output stores took it to 0.65 / 10.1
 (results/ssd_fused_ablation-h200, run sm90-form), and the per-row factors
