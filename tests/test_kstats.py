@@ -32,7 +32,41 @@ def test_parse_ptxas_reads_registers_spills_and_stack() -> None:
         "spill_store_bytes": 220,
         "spill_load_bytes": 264,
         "stack_bytes": 152,
+        "wgmma_serialized": [],
     }
+
+
+# what ptxas 12.8 (Triton 3.6's) printed for two of the fused SSD kernel's
+# session-local sm_90 variants, verbatim (its double space included)
+PTXAS_SERIALIZED = {
+    "C7514": "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async "
+    "instructions are serialized due to non wgmma instructions reading accumulator "
+    "registers of  a wgmma between start and end of the pipeline stage in the "
+    "function '_ssd_fused_sm90_kernel'\n",
+    "C7512": "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async "
+    "instructions are serialized due to insufficient register resources for the "
+    "function '_ssd_fused_sm90_kernel'\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (
+            "C7514",
+            "non wgmma instructions reading accumulator registers of a wgmma "
+            "between start and end of the pipeline stage",
+        ),
+        ("C7512", "insufficient register resources"),
+    ],
+)
+def test_parse_ptxas_reports_serialized_wgmma(code: str, why: str) -> None:
+    usage = parse_ptxas(PTXAS_SAMPLE.replace(
+        "ptxas info    : Function properties", PTXAS_SERIALIZED[code]
+        + "ptxas info    : Function properties",
+    ))  # fmt: skip
+    assert usage["regs"] == 255
+    assert usage["wgmma_serialized"] == [f"{code}: {why}"]
 
 
 @pytest.mark.parametrize(
@@ -93,6 +127,9 @@ def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     for r in compiled:
         assert r["entry"] == "mamba2-ssd-fused-prefill"
         assert 0 < r["regs"] <= 255
+        # ptxas keeps every bf16 kernel's wgmma asynchronous; the fp32 case
+        # is the one it serializes (accepted, kstats_probe.WGMMA_SERIAL_OK)
+        assert bool(r["wgmma_serialized"]) == r["case"].startswith("fp32"), r
         assert 0 < r["smem_bytes"] <= SMEM_LIMIT[90]
         # 4 warps; the warp-specialized sm_90 run kernel 12 (three warpgroups)
         assert r["num_warps"] == (12 if "ws:" in r["case"] else 4)
