@@ -36,7 +36,7 @@ def test_parse_ptxas_reads_registers_spills_and_stack() -> None:
     }
 
 
-# what ptxas 12.8 (Triton 3.6's) printed for two of the fused SSD kernel's
+# what Triton 3.6's ptxas printed for two of the fused SSD kernel's
 # session-local sm_90 variants, verbatim (its double space included)
 PTXAS_SERIALIZED = {
     "C7514": "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async "
