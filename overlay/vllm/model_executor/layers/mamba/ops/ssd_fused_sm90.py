@@ -53,24 +53,33 @@ The run kernel has two forms (WS constexpr, ``warp_specialized``):
   memory. A program's work item is a range of the heads x chunks in
   head-major order (``_ws_plan``, ``ws_programs``): one head where the heads
   fill the SMs, else the part of one head and the first chunks of the next,
-  so that every SM has a program; a range's tail is handed over as above,
-  its state pass split with the next program. The loader issues every row
-  tile by TMA into a three-deep ring, pass by pass; the state warpgroup runs
-  the state passes and hand-overs, then carries S_run through the range,
-  publishing each 64-row block's S_run (bf16, two-slot ring) while the
-  block's update is in flight and each chunk's dt factors (two-slot ring);
-  the output warpgroup computes C.B^T, C.S_run and y from them. Each ring is
-  released by its consumers before it is refilled, and the state warpgroup
-  runs at most two row blocks and one chunk ahead of the output warpgroup,
-  so no wait closes a cycle within a program; across programs a program
-  waits only for its predecessor's hand-over (the ticket argument below).
-  Used where whole heads per program fill the GPU (``ws_fills``): at 128
-  heads (granite, Nemotron-H) 0.36 / 0.37 ms at 16k tokens against the
-  one-warpgroup form's 0.42 / 0.50 (one sequence; the stack's
-  results/ssd_fused_ws-h200, run 6). At 80 heads (Mamba2-2.7B) its ranges
-  fill all 132 SMs but the state passes then lie on one warpgroup's chain:
-  0.96x / 1.04x of the one-warpgroup form at 16k tokens (1 / 8 sequences)
-  and 0.86x at 64k, so that form runs there.
+  so that every SM has a program. Such a range runs the next head's chunks
+  first: their entry state is known (their sequence starts in the range),
+  and its running pass hands the state over at the chunk where the next
+  program takes it, as it reaches that chunk. The next program, after its
+  own next-head part, runs a state pass over the chunks between that chunk
+  and its range's start, takes the state and runs its part of the first
+  head (``_ws_entry_plan`` places the hand-over chunk so that the two
+  meet). The loader issues every row tile by TMA into a ring (three deep;
+  four where ranges cross heads, as the state pass reads through it), in
+  the order they are consumed; the state warpgroup carries S_run through
+  the range, publishing each 64-row block's S_run (bf16, two-slot ring)
+  while the block's update is in flight and each chunk's dt factors
+  (two-slot ring), and runs the state pass on per-chunk weights the output
+  warpgroup computes meanwhile (two-slot ring); the output warpgroup
+  computes C.B^T, C.S_run and y. Each ring is released by its consumers
+  before it is refilled, and the state warpgroup runs at most two row
+  blocks and one chunk ahead of the output warpgroup, so no wait closes a
+  cycle within a program; across programs a program waits only for its
+  predecessor's hand-over (the ticket argument in ``_ws_plan``). Used where
+  whole heads per program fill the GPU (``ws_fills``: 128 heads, granite
+  and Nemotron-H, 0.36 / 0.37 ms at 16k tokens against the one-warpgroup
+  form's 0.42 / 0.50, one sequence, the stack's results/ssd_fused_ws-h200,
+  run 6) and from WS_MIN_HEADS heads per SM: at 80 heads (Mamba2-2.7B)
+  1.17x / 1.08x the one-warpgroup form at 16k tokens (1 / 8 sequences) and
+  1.07x at 256k, at 96 heads 1.36x (results/ssd_fused_bfirst-h200, runs
+  3-4). At 64 and 40 heads, where ws_fills takes it, it measured 0.89-1.01x
+  the one-warpgroup form with the three-deep ring (run 3).
 
 Gluon is Triton's experimental lower-level language; this module compiles with
 the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
@@ -139,11 +148,19 @@ RUN_CHUNKS: int | None = None
 # The run kernel on three warpgroups (output pass, running state, loads), one
 # program per SM, or on one (RUN_SLOTS_PER_SM programs per SM): None = the
 # three where their one wave fills at least WS_MIN_FILL of the SMs
-# (ws_fills below); tests and benchmarks force True / False.
+# (ws_fills below) or the heads are at least WS_MIN_HEADS of the SMs; tests
+# and benchmarks force True / False.
 WARP_SPECIALIZE: bool | None = None
 WS_MIN_FILL = 0.9
-WS_NUM_BUFFERS = 3  # depth of its TMA ring
+WS_MIN_HEADS = 0.55
+# Depth of its TMA ring: one head per program, and where ranges cross heads
+# (the state passes then read their tiles through the ring at its depth).
+WS_NUM_BUFFERS = (3, 4)
 WS_REGS = (216, 40)  # registers of its state and loader warpgroups
+# Time of its state pass over a chunk, in units of the time of its output pass
+# over a chunk: where a range continues a sequence from the previous one,
+# _ws_entry_plan uses it to split the state pass between the two.
+WS_HELP_COST = 0.33
 
 
 @cache
@@ -182,7 +199,6 @@ if HAS_GLUON:
     # CTA-wide barrier: thread_barrier in 3.6, barrier from 3.8 on
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     _NUM_BUFFERS = gl.constexpr(NUM_BUFFERS)
-    WS_BUFFERS = gl.constexpr(WS_NUM_BUFFERS)
     WS_STATE_REGS = gl.constexpr(WS_REGS[0])
     WS_LOADER_REGS = gl.constexpr(WS_REGS[1])
     # the per-row factors of a chunk: row block k in row k
@@ -713,15 +729,13 @@ if HAS_GLUON:
     def _state_pass(
         lo, hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
         cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
-        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, free,
-        x_desc, b_desc, c_desc, xcol, bcol, NB: gl.constexpr,
-        HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr, WS: gl.constexpr,
+        dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
+        b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+        DT_SOFTPLUS: gl.constexpr,
     ):  # fmt: skip
         """The run kernel's state pass over chunks [lo, hi) of one sequence,
         from a zero state: returns the state it adds at hi, the chunks' dA
-        total, and the load count and cursor moved on. WS: the loads come
-        from the loader partition (slots released on ``free``, for both
-        consumers) and the cursor is not moved."""
+        total, and the load count and cursor moved on."""
         NBUF: gl.constexpr = x_s.shape[0]
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
@@ -750,17 +764,13 @@ if HAS_GLUON:
                     s_acc, wst_rows.index(k), x_s.index(s), b_s.index(s)
                 )
                 _cta_barrier()  # every warp is done with slot s
-                if WS:
-                    mbarrier.arrive(free.index(s), count=2)
-                else:
-                    _issue_run(
-                        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s,
-                        bars, xcol, bcol,
-                    )  # fmt: skip
-                    ic, ij, inb, ist, ikind = _advance(
-                        ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-                        cu_chunk_ptr,
-                    )  # fmt: skip
+                _issue_run(
+                    s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
+                    xcol, bcol,
+                )  # fmt: skip
+                ic, ij, inb, ist, ikind = _advance(
+                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+                )
                 t += 1
             dA += dA_tot
         return s_acc, dA, t, ic, ij, inb, ist, ikind
@@ -777,26 +787,19 @@ if HAS_GLUON:
 
     @gluon.jit
     def _entry_state(
-        item, prev, ha, hb, two, c0, c1, seq_first, cont_in, seq_last, cont_out,
-        tail, own_hi, help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
-        stride_dt_t, stride_dt_h, A_a, dtb_a, A_b, dtb_b, dt_min, dt_max, dt_s,
-        cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, free, x_desc, b_desc,
-        c_desc, xcol, bcol, init_ptr, stride_init_b, stride_init_h,
-        stride_init_p, stride_init_n, ws_ptr, sync_ptr, NB: gl.constexpr,
-        HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
-        HAS_INITSTATES: gl.constexpr, TWO_HEADS: gl.constexpr, WS: gl.constexpr,
+        item, prev, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
+        own_hi, help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
+        stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
+        wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol, bcol,
+        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+        ws_ptr, sync_ptr, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
+        DT_SOFTPLUS: gl.constexpr, HAS_INITSTATES: gl.constexpr,
     ):  # fmt: skip
-        """The state entering chunk c0 of head ha for work item ``item``
-        (_run_plan: run r of head h, ha = hb = h; _ws_plan: a range, whose
-        tail is in head hb, the next head where ``two``, possible only with
-        TWO_HEADS): the state passes over its own tail part (head hb) and the
-        previous item's rest (head ha, item ``prev``), the hand-over from
-        the previous item and to the next one. The state at own_hi is handed
-        over as soon as it is known: where the tail is in the next head, its
-        sequence starts in the range, so before waiting for the previous
-        item. Returns the entry state (fp32, in the state dots' layout), the
-        load count and the cursor moved on (WS: loads come from the loader
-        partition, the cursor stays)."""
+        """The state entering chunk c0 of head h for work item ``item`` (run r
+        of head h, _run_plan): the state passes over its own tail part and
+        the previous item's rest (item ``prev``), the hand-over from the
+        previous item and to the next one. Returns the entry state (fp32, in
+        the state dots' layout), the load count and the cursor moved on."""
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
@@ -805,34 +808,22 @@ if HAS_GLUON:
         # ---- state passes: own tail part, then the previous item's rest --
         s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
             tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-            cu_chunk_ptr, dt_ptr, hb, stride_dt_t, stride_dt_h, A_b, dtb_b,
+            cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, WS,
+            bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS,
         )  # fmt: skip
         if cont_out:
-            if TWO_HEADS and two:
-                # seq_last starts in head hb's first chunks here
-                s_in = _seq_init_state(
-                    init_ptr, seq_last, hb, stride_init_b, stride_init_h,
-                    stride_init_p, stride_init_n,
-                    gl.arange(0, P, layout=gl.SliceLayout(1, mma_s)),
-                    gl.arange(0, N, layout=gl.SliceLayout(0, mma_s)), mma_s,
-                    HAS_INITSTATES,
-                )  # fmt: skip
-                s_mid = _exp(dA_own) * s_in + s_own
-                _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
-            else:
-                # parked in this program's own workspace item (its flag is
-                # still 0), read back by the same threads below
-                own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
-                gl.store(own_ptrs, s_own, cache_modifier=".cg")
+            # parked in this program's own workspace item (its flag is still
+            # 0), read back by the same threads below
+            own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
+            gl.store(own_ptrs, s_own, cache_modifier=".cg")
         s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
             help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
-            cu_chunk_ptr, dt_ptr, ha, stride_dt_t, stride_dt_h, A_a, dtb_a,
+            cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
-            bars, free, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
-            DT_SOFTPLUS, WS,
+            bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
+            DT_SOFTPLUS,
         )  # fmt: skip
 
         # ---- state passing between items (memory ordering as in ssd_fused)
@@ -845,20 +836,16 @@ if HAS_GLUON:
             )
         else:
             s_prev = _seq_init_state(
-                init_ptr, seq_first, ha, stride_init_b, stride_init_h,
+                init_ptr, seq_first, h, stride_init_b, stride_init_h,
                 stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
                 HAS_INITSTATES,
             )  # fmt: skip
-        if TWO_HEADS:  # noqa: SIM108
-            late = cont_out & (hb == ha)  # the tail is in head ha
-        else:
-            late = cont_out
-        if late:
+        if cont_out:
             # the state entering the tail: s_prev, or seq_last's initial one
             # where seq_last starts inside the item
             if tail > c0:
                 s_in = _seq_init_state(
-                    init_ptr, seq_last, ha, stride_init_b, stride_init_h,
+                    init_ptr, seq_last, h, stride_init_b, stride_init_h,
                     stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
                     HAS_INITSTATES,
                 )  # fmt: skip
@@ -938,18 +925,18 @@ if HAS_GLUON:
     @gluon.jit
     def _allocate_ws(
         x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT: gl.constexpr,
-        NB: gl.constexpr,
+        NB: gl.constexpr, NBUF: gl.constexpr,
     ):  # fmt: skip
         """Shared memory of a warp-specialized program: the TMA ring of x /
         B / C row tiles (ready: loaded, free: released by both consumers),
         the ring of running states S_run at row block starts (bf16, the B
-        operand of C.S_run), the ring of a chunk's per-row factors (the
-        output pass's; wst_s: the state passes'), an output staging tile and
-        the state passes' tile count (cnt_s)."""
+        operand of C.S_run), the ring of a chunk's per-row factors for the
+        output pass, the ring of a chunk's state-pass weights and dA total
+        (wst_r, dA_r: hf_ready / hf_free), an output staging tile and the
+        state pass's tile count (cnt_s)."""
         io_dtype: gl.constexpr = x_desc.dtype
         P: gl.constexpr = x_desc.block_type.shape[1]
         N: gl.constexpr = b_desc.block_type.shape[1]
-        NBUF: gl.constexpr = WS_BUFFERS
         x_s = gl.allocate_shared_memory(io_dtype, [NBUF, _BLOCK_M, P], x_desc.layout)
         b_s = gl.allocate_shared_memory(io_dtype, [NBUF, _BLOCK_M, N], b_desc.layout)
         c_s = gl.allocate_shared_memory(io_dtype, [NBUF, _BLOCK_M, N], c_desc.layout)
@@ -960,8 +947,10 @@ if HAS_GLUON:
         cs_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
         ecs_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
         wout_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
-        vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        wst_s = gl.allocate_shared_memory(gl.float32, [NB, _BLOCK_M], vec_l)
+        wst_r = gl.allocate_shared_memory(gl.float32, [2, NB, _BLOCK_M], ring_l)
+        dA_r = gl.allocate_shared_memory(
+            gl.float32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )
         cnt_s = gl.allocate_shared_memory(
             gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0])
         )
@@ -972,6 +961,8 @@ if HAS_GLUON:
         st_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
         fac_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
         fac_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        hf_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        hf_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
         for i in gl.static_range(NBUF):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(free.index(i), count=2)
@@ -980,66 +971,110 @@ if HAS_GLUON:
             mbarrier.init(st_free.index(i), count=1)
             mbarrier.init(fac_ready.index(i), count=1)
             mbarrier.init(fac_free.index(i), count=1)
+            mbarrier.init(hf_ready.index(i), count=1)
+            mbarrier.init(hf_free.index(i), count=1)
         return (
-            x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s,
-            ready, free, st_ready, st_free, fac_ready, fac_free,
+            x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r,
+            cnt_s, ready, free, st_ready, st_free, fac_ready, fac_free, hf_ready,
+            hf_free,
         )  # fmt: skip
 
     @gluon.jit
-    def _ws_plan(sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs):
-        """The warp-specialized run kernel's work item: program p (its ticket)
-        takes chunks [p * F // n_programs, (p + 1) * F // n_programs) of the
-        F = nheads x n_chunks chunks in head-major order: a part of head ha
-        (chunks [a0, a1)) and, where the range crosses into the next head
-        (two), its first chunks [0, b1) of head hb = ha + 1 (else hb = ha and
-        b1 = a1). n_programs >= nheads, so a range is at most n_chunks long
-        and meets at most two heads."""
-        # No deadlock, whatever order the hardware starts programs in: the
-        # program holding ticket p waits only for the hand-over of ticket
-        # p - 1 (at most once), taken before it by a running program; the
-        # running program with the smallest ticket waits for nothing, so by
-        # induction every program gets its hand-over (as in _run_plan).
-        p = gl.atomic_add(sync_ptr, 1, sem="relaxed")
-        total = nheads * n_chunks
+    def _ws_range(p, n_chunks, total, n_programs):
+        """Program p's range, chunks [p * F // n_programs, (p + 1) * F //
+        n_programs) of the F = nheads x n_chunks chunks in head-major order:
+        the first range chunk's head ha and chunk a0; lo_prev, where program
+        p - 1's range starts in head ha (0 if in an earlier head); and,
+        where the range crosses into the next head (two), its first chunks
+        [0, b1) of head hb = ha + 1 (else hb = ha and b1 = a1), ha's part
+        ending at a1. n_programs >= nheads, so a range is at most n_chunks
+        long and meets at most two heads."""
         lo = p.to(gl.int64) * total // n_programs
         hi = (p + 1).to(gl.int64) * total // n_programs
         ha = (lo // n_chunks).to(gl.int32)
         hb = ((hi - 1) // n_chunks).to(gl.int32)
         a0 = (lo - ha.to(gl.int64) * n_chunks).to(gl.int32)
         b1 = (hi - hb.to(gl.int64) * n_chunks).to(gl.int32)
+        prev = (p - 1).to(gl.int64) * total // n_programs
+        lo_prev = gl.maximum((prev - ha.to(gl.int64) * n_chunks).to(gl.int32), 0)
         two = hb > ha
-        if two:
+        if two:  # noqa: SIM108
             a1 = gl.to_tensor(n_chunks)
-            b0 = gl.to_tensor(0)
         else:
             a1 = b1
-            b0 = a0
+        return ha, a0, a1, hb, b1, two, lo_prev
+
+    @gluon.jit
+    def _ws_entry_plan(p, seq_idx_ptr, n_chunks, total, n_programs, help_cost):
+        """How program p gets the state entering its part of head ha (see
+        _ws_plan): seq_first, the sequence of chunk a0, cont_in, whether it
+        continues from chunk a0 - 1; the state pass over [f, a0) of it
+        that the program runs first (from chunk hl, or from the start f >
+        hl of seq_first) and take, whether the pass starts from the state
+        program p - 1 hands over at chunk hl (else from seq_first's initial
+        state)."""
+        ha, a0, a1, hb, b1, two, lo_prev = _ws_range(p, n_chunks, total, n_programs)
         seq_first = gl.load(seq_idx_ptr + a0)
         cont_in = seq_first == gl.load(seq_idx_ptr + a0 - 1, mask=a0 > 0, other=-1)
-        seq_last = gl.load(seq_idx_ptr + b1 - 1)
-        cont_out = seq_last == gl.load(seq_idx_ptr + b1, mask=b1 < n_chunks, other=-1)
-        # the tail: the range's last chunks of seq_last, in head hb. Where the
-        # next program continues seq_last the state pass over the tail is
-        # split with it in halves (_split as for the first of two runs): this
-        # program hands over the state at own_hi; where this one continues
-        # the previous program's seq_first (in head ha) it takes the rest of
-        # that program's tail, [help_lo, a0).
-        tail = _first_of(seq_idx_ptr, b0, b1, seq_last)
-        if cont_out:  # noqa: SIM108
-            own_hi = _split(tail, b1, 0, 2)
+        # Program p runs its part of head hb first ([0, b1): tb = b1 chunk
+        # times where two), then a state pass over [hl, a0) (q chunk times
+        # per chunk, q = help_cost), then needs program p - 1's state at hl,
+        # which that program's running pass reaches after hl - lo_prev
+        # chunk times, after its own state pass (estimated as this formula
+        # with tb = 0 and program p - 2 starting the head: q lo_prev /
+        # (1 + q)). hl makes the two meet.
+        if two:  # noqa: SIM108
+            tb = b1.to(gl.float32)
         else:
-            own_hi = tail
+            tb = 0.0
+        q = help_cost
+        hl_t = (tb + q * a0 + lo_prev / (1.0 + q)) / (1.0 + q)
+        hl = gl.minimum(gl.maximum((hl_t + 0.5).to(gl.int32), lo_prev), a0)
         if cont_in:
-            prev = (p - 1).to(gl.int64) * total // n_programs
-            prev_lo = gl.maximum((prev - ha.to(gl.int64) * n_chunks).to(gl.int32), 0)
-            prev_tail = _first_of(seq_idx_ptr, prev_lo, a0, seq_first)
-            help_lo = _split(prev_tail, a0, 0, 2)
+            f = _first_of(seq_idx_ptr, hl, a0, seq_first)
+            # from the state at hl where seq_first runs through chunk hl - 1
+            take = (f == hl) & (hl > 0)
+            if take:
+                take = gl.load(seq_idx_ptr + hl - 1) == seq_first
         else:
-            help_lo = a0
-        return (
-            p, ha, a0, a1, hb, b1, two, seq_first, cont_in, seq_last, cont_out,
-            tail, own_hi, help_lo,
-        )  # fmt: skip
+            f = a0
+            take = False
+        return seq_first, cont_in, hl, f, take
+
+    @gluon.jit
+    def _ws_plan(sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs, help_cost):
+        """The warp-specialized run kernel's work item: program p (its ticket)
+        takes a range of the chunks in head-major order (_ws_range): its
+        part of head ha, chunks [a0, a1), and, where two, head hb's first
+        chunks [0, b1). It runs head hb's part first: those chunks' state is
+        known from their sequences' starts, so the state at any of them is
+        known as the running pass reaches it. Where ha's part continues a
+        sequence (cont_in) the program then runs a state pass over [f, a0)
+        (_ws_entry_plan) and takes the state program p - 1 hands over at
+        hl; its running pass hands over the state at chunk pub (-1: none)
+        of its last head to program p + 1, the chunk where that program
+        takes it."""
+        # No deadlock, whatever order the hardware starts programs in: the
+        # program holding ticket p waits only for the hand-over of ticket
+        # p - 1 (at most once), taken before it by a running program, which
+        # makes that hand-over in a running pass that waits for nothing but
+        # its own take; the running program with the smallest ticket takes
+        # nothing, so by induction every program gets its hand-over (as in
+        # _run_plan).
+        p = gl.atomic_add(sync_ptr, 1, sem="relaxed")
+        total = nheads * n_chunks
+        ha, a0, a1, hb, b1, two, _ = _ws_range(p, n_chunks, total, n_programs)
+        seq_first, cont_in, hl, f, take = _ws_entry_plan(
+            p, seq_idx_ptr, n_chunks, total, n_programs, help_cost
+        )
+        pub = gl.to_tensor(-1)
+        if p + 1 < n_programs:
+            _, _, hl_next, _, take_next = _ws_entry_plan(
+                p + 1, seq_idx_ptr, n_chunks, total, n_programs, help_cost
+            )
+            if take_next:
+                pub = hl_next
+        return p, ha, a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub
 
     @gluon.jit
     def _ws_load_pass(
@@ -1047,12 +1082,16 @@ if HAS_GLUON:
         free, cu_chunk_ptr,
     ):  # fmt: skip
         """The loader's row tiles of chunks [lo, hi) for a state pass (kind 0:
-        x, B) or an output pass (1: x, B, C), each into its ring slot once
-        both consumers have released the slot; returns the tile count."""
+        x, B; whole pairs of row blocks, _ws_state_pass) or an output pass
+        (1: x, B, C), each into its ring slot once both consumers have
+        released the slot; returns the tile count."""
         NBUF: gl.constexpr = x_s.shape[0]
         for c in range(lo, hi):
             ist, ilen = _chunk_bounds(cu_chunk_ptr, c)
-            for ij in range(gl.cdiv(ilen, _BLOCK_M)):
+            nblk = gl.cdiv(ilen, _BLOCK_M)
+            if kind == 0:
+                nblk = 2 * gl.cdiv(ilen, 2 * _BLOCK_M)
+            for ij in range(nblk):
                 s = t % NBUF
                 if t >= NBUF:
                     mbarrier.wait(free.index(s), (t // NBUF - 1) & 1)
@@ -1066,44 +1105,40 @@ if HAS_GLUON:
     @gluon.jit
     def _ws_loader(
         x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free, cu_chunk_ptr, ha, a0,
-        a1, hb, b1, two, tail, own_hi, help_lo, heads_per_group: gl.constexpr,
+        a1, hb, b1, two, f, heads_per_group: gl.constexpr,
     ):  # fmt: skip
         """Loader partition: every row tile the program reads, in the order
-        the state partition and the output partition consume them: the state
-        passes' x / B (own tail part in head hb, the previous program's rest
-        in head ha), then the output passes' x / B / C (head ha, then hb)."""
+        the state partition and the output partition consume them: the
+        output pass's x / B / C over head hb's [0, b1) where two, the state
+        pass's x / B over head ha's [f, a0), the output pass's over head
+        ha's [a0, a1)."""
         P: gl.constexpr = x_desc.block_type.shape[1]
         N: gl.constexpr = b_desc.block_type.shape[1]
         xa = ha * P
         ba = (ha // heads_per_group) * N
-        xb = hb * P
-        bb = (hb // heads_per_group) * N
         t = gl.to_tensor(0)
+        if two:
+            t = _ws_load_pass(
+                0, b1, 1, hb * P, (hb // heads_per_group) * N, t, x_desc, b_desc,
+                c_desc, x_s, b_s, c_s, ready, free, cu_chunk_ptr,
+            )  # fmt: skip
         t = _ws_load_pass(
-            tail, own_hi, 0, xb, bb, t, x_desc, b_desc, c_desc, x_s, b_s, c_s,
-            ready, free, cu_chunk_ptr,
+            f, a0, 0, xa, ba, t, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+            free, cu_chunk_ptr,
         )  # fmt: skip
-        t = _ws_load_pass(
-            help_lo, a0, 0, xa, ba, t, x_desc, b_desc, c_desc, x_s, b_s, c_s,
-            ready, free, cu_chunk_ptr,
-        )  # fmt: skip
-        t = _ws_load_pass(
+        _ws_load_pass(
             a0, a1, 1, xa, ba, t, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
             free, cu_chunk_ptr,
         )  # fmt: skip
-        if two:
-            _ws_load_pass(
-                0, b1, 1, xb, bb, t, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
-                free, cu_chunk_ptr,
-            )  # fmt: skip
 
     @gluon.jit
     def _ws_state_run(
-        s_run, h, c0, c1, seq_c_prev, A, dt_bias, t, j, n, x_s, b_s, ready, free,
-        st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r,
-        wst_s, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max, cu_chunk_ptr,
-        seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
-        stride_init_p, stride_init_n, inter_ptr, stride_inter_c, stride_inter_h,
+        s_run, h, c0, c1, seq_c_prev, pub, item, ws_ptr, sync_ptr, A, dt_bias, t,
+        j, n, x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t, stride_dt_h,
+        dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
+        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+        inter_ptr, stride_inter_c, stride_inter_h,
         stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
         stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
         NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
@@ -1114,8 +1149,10 @@ if HAS_GLUON:
         s_run: each row block's S_run (bf16) into the state ring for the
         output partition while the block's update is in flight, each
         chunk's output factors into the factor ring, the chunk-end states
-        where asked for. t, j, n: tiles, row blocks and chunks the program
-        has consumed before; returns them moved on."""
+        where asked for, and the state entering chunk pub (c1: leaving the
+        range) handed over as work item ``item``'s. t, j, n: tiles, row
+        blocks and chunks the program has consumed before; returns them
+        moved on."""
         NBUF: gl.constexpr = x_s.shape[0]
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
@@ -1131,6 +1168,8 @@ if HAS_GLUON:
                 c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
+            if c == pub:
+                _hand_over(ws_ptr, sync_ptr, item, s_run, mma_s)
             seq_c = gl.load(seq_idx_ptr + c)
             if seq_c != seq_c_prev:  # a sequence starts inside the range
                 s_run = _seq_init_state(
@@ -1142,7 +1181,7 @@ if HAS_GLUON:
                 mbarrier.wait(fac_free.index(fs), (n // 2 - 1) & 1)
             _chunk_factors(
                 dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_r.index(fs),
-                cs_r.index(fs), ecs_r.index(fs), wst_s, wout_r.index(fs), NB,
+                cs_r.index(fs), ecs_r.index(fs), dt_r.index(fs), wout_r.index(fs), NB,
                 HAS_DT_BIAS, DT_SOFTPLUS, False, True,
             )  # fmt: skip
             mbarrier.arrive(fac_ready.index(fs))
@@ -1178,78 +1217,184 @@ if HAS_GLUON:
             )  # fmt: skip
             seq_c_prev = seq_c
             n += 1
+        if pub == c1:
+            _hand_over(ws_ptr, sync_ptr, item, s_run, mma_s)
         return t, j, n
 
     @gluon.jit
-    def _ws_state(
-        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
-        fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s, p, ha, a0, a1, hb, b1,
-        two, seq_first, cont_in, seq_last, cont_out, tail, own_hi, help_lo,
-        x_desc, b_desc, c_desc, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
-        stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
-        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
-        ws_ptr, sync_ptr, inter_ptr, stride_inter_c, stride_inter_h,
-        stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
-        stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
-        NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
-        HAS_INITSTATES: gl.constexpr, WRITE_INTER: gl.constexpr,
-        WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
+    def _ws_state_pass(
+        lo, hi, t, cu_chunk_ptr, wst_r, dA_r, hf_ready, hf_free, x_s, b_s, ready,
+        free,
     ):  # fmt: skip
-        """State partition: the state entering the range (_entry_state), then
-        the running state through head ha's chunks [a0, a1) and, where the
-        range crosses into head hb, through its chunks [0, b1)."""
+        """The state partition's state pass over chunks [lo, hi) of one
+        sequence, from a zero state, with each chunk's weights and dA total
+        from the ring the output partition fills (_ws_pass_factors):
+        returns the state it adds at hi, the chunks' dA total and the tile
+        count moved on. Row blocks go in pairs, both dots in flight before
+        one wait (the loader pads a chunk with an odd block count with one
+        more tile, which its zero weights, dt being 0 past the chunk's end,
+        leave out)."""
+        NBUF: gl.constexpr = x_s.shape[0]
         P: gl.constexpr = x_s.shape[2]
         N: gl.constexpr = b_s.shape[2]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
         )
-        A_a, dtb_a = _head_params(A_ptr, dt_bias_ptr, ha, HAS_DT_BIAS)
-        A_b, dtb_b = _head_params(A_ptr, dt_bias_ptr, hb, HAS_DT_BIAS)
+        s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
+        dA = 0.0
+        for c in range(lo, hi):
+            _, clen = _chunk_bounds(cu_chunk_ptr, c)
+            m = c - lo
+            fs = m % 2
+            mbarrier.wait(hf_ready.index(fs), (m // 2) & 1)
+            dA_tot = gl.max(dA_r.index(fs).load(_VEC), axis=0)
+            s_acc = s_acc * _exp(dA_tot)
+            wst_rows = _rows(wst_r.index(fs))
+            for k2 in range(gl.cdiv(clen, 2 * _BLOCK_M)):
+                s0 = t % NBUF
+                s1 = (t + 1) % NBUF
+                mbarrier.wait(ready.index(s0), (t // NBUF) & 1)
+                s_acc = _state_issue(
+                    s_acc, wst_rows.index(2 * k2), x_s.index(s0), b_s.index(s0)
+                )
+                mbarrier.wait(ready.index(s1), ((t + 1) // NBUF) & 1)
+                s_acc = _state_issue(
+                    s_acc, wst_rows.index(2 * k2 + 1), x_s.index(s1), b_s.index(s1)
+                )
+                s_acc = warpgroup_mma_wait(0, deps=(s_acc,))
+                _cta_barrier()  # every warp is done with both slots
+                mbarrier.arrive(free.index(s0), count=2)
+                mbarrier.arrive(free.index(s1), count=2)
+                t += 2
+            mbarrier.arrive(hf_free.index(fs))
+            dA += dA_tot
+        return s_acc, dA, t
+
+    @gluon.jit
+    def _ws_pass_factors(
+        lo, hi, h, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min,
+        dt_max, cu_chunk_ptr, wst_r, dA_r, hf_ready, hf_free, NB: gl.constexpr,
+        HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
+    ):  # fmt: skip
+        """The output partition's part of the state pass over chunks [lo, hi)
+        of head h (it has no output to compute meanwhile): each chunk's
+        state-pass weights and dA total into the ring _ws_state_pass
+        reads."""
+        A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
+        nstart, nlen = _chunk_bounds(cu_chunk_ptr, lo)
+        dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
+        for c in range(lo, hi):
+            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
+                stride_dt_h, NB,
+            )  # fmt: skip
+            m = c - lo
+            fs = m % 2
+            if m >= 2:
+                mbarrier.wait(hf_free.index(fs), (m // 2 - 1) & 1)
+            w = wst_r.index(fs)
+            dA_tot = _chunk_factors(
+                dt_raw, clen, A, dt_bias, dt_min, dt_max, w, w, w, w, w, NB,
+                HAS_DT_BIAS, DT_SOFTPLUS, True, False,
+            )  # fmt: skip
+            dA_r.index(fs).store(gl.full([32], dA_tot, gl.float32, layout=_VEC))
+            _cta_barrier()
+            mbarrier.arrive(hf_ready.index(fs))
+
+    @gluon.jit
+    def _ws_state(
+        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r, hf_ready, hf_free,
+        cnt_s, p, ha, a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub,
+        x_desc, b_desc, c_desc, A_ptr,
+        dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
+        cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b,
+        stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr, inter_ptr,
+        stride_inter_c, stride_inter_h, stride_inter_p, stride_inter_n,
+        final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
+        stride_final_p, stride_final_n, stride_final_idx, NB: gl.constexpr,
+        HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr, WRITE_INTER: gl.constexpr,
+        WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
+    ):  # fmt: skip
+        """State partition (_ws_plan): the running state through head hb's
+        chunks [0, b1) where two, the state entering head ha's chunk a0 (a
+        state pass over [f, a0) from the state handed over by program p - 1
+        where take), the running state through head ha's [a0, a1); the
+        state at chunk pub of the last head is handed over to program p +
+        1."""
+        P: gl.constexpr = x_s.shape[2]
+        N: gl.constexpr = b_s.shape[2]
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
+        )
+        offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
+        offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
         z = gl.to_tensor(0)
-        s_run, t, _, _, _, _, _ = _entry_state(
-            p, p - 1, ha, hb, two, a0, a1, seq_first, cont_in, seq_last, cont_out,
-            tail, own_hi, help_lo, z, z, z, z, z, z, cu_chunk_ptr, dt_ptr,
-            stride_dt_t, stride_dt_h, A_a, dtb_a, A_b, dtb_b, dt_min, dt_max,
-            dt_r.index(0), cs_r.index(0), ecs_r.index(0), wst_s, wout_r.index(0),
-            x_s, b_s, c_s, ready, free, x_desc, b_desc, c_desc, z, z, init_ptr,
-            stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
-            sync_ptr, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, True, True,
-        )  # fmt: skip
-        # the output partition's first tile (read once st_ready[0] fires)
-        cnt_s.store(gl.full([1], t, gl.int32, layout=_VEC))
-        t, j, n = _ws_state_run(
-            s_run, ha, a0, a1, seq_first, A_a, dtb_a, t, gl.to_tensor(0),
-            gl.to_tensor(0), x_s, b_s, ready, free, st_ring, st_ready, st_free,
-            fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s, dt_ptr,
-            stride_dt_t, stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
-            last_chunk_ptr, init_ptr, stride_init_b, stride_init_h, stride_init_p,
-            stride_init_n, inter_ptr, stride_inter_c, stride_inter_h,
-            stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr,
-            stride_final_s, stride_final_h, stride_final_p, stride_final_n,
-            stride_final_idx, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES,
-            WRITE_INTER, WRITE_FINAL, FINAL_HAS_INDICES,
-        )  # fmt: skip
+        t = z
+        j = z
+        n = z
+        pub_a = pub
         if two:
             # head hb from its first chunk
+            A_b, dtb_b = _head_params(A_ptr, dt_bias_ptr, hb, HAS_DT_BIAS)
             seq0 = gl.load(seq_idx_ptr)
             s0 = _seq_init_state(
                 init_ptr, seq0, hb, stride_init_b, stride_init_h, stride_init_p,
-                stride_init_n, gl.arange(0, P, layout=gl.SliceLayout(1, mma_s)),
-                gl.arange(0, N, layout=gl.SliceLayout(0, mma_s)), mma_s,
+                stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
+            )  # fmt: skip
+            t, j, n = _ws_state_run(
+                s0, hb, z, b1, seq0, pub, p, ws_ptr, sync_ptr, A_b, dtb_b, t, j, n,
+                x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+                fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t,
+                stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
+                last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, inter_ptr, stride_inter_c,
+                stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
+                final_idx_ptr, stride_final_s, stride_final_h, stride_final_p,
+                stride_final_n, stride_final_idx, NB, HAS_DT_BIAS, DT_SOFTPLUS,
+                HAS_INITSTATES, WRITE_INTER, WRITE_FINAL, FINAL_HAS_INDICES,
+            )  # fmt: skip
+            pub_a = -1
+        A_a, dtb_a = _head_params(A_ptr, dt_bias_ptr, ha, HAS_DT_BIAS)
+        # the state entering chunk a0: from seq_first's start, or a state
+        # pass over [f, a0) of it, from the state handed over at f (take)
+        # or from its initial state (it starts at f)
+        if cont_in:
+            s_acc, dA, t = _ws_state_pass(
+                f, a0, t, cu_chunk_ptr, wst_r, dA_r, hf_ready, hf_free, x_s, b_s,
+                ready, free,
+            )  # fmt: skip
+            if take:
+                s_in = _take_state(ws_ptr, sync_ptr, p - 1, P, N, mma_s)
+            else:
+                s_in = _seq_init_state(
+                    init_ptr, seq_first, ha, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
+                    HAS_INITSTATES,
+                )  # fmt: skip
+            s_run = _exp(dA) * s_in + s_acc
+        else:
+            s_run = _seq_init_state(
+                init_ptr, seq_first, ha, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, offs_p, offs_n, mma_s,
                 HAS_INITSTATES,
             )  # fmt: skip
-            _ws_state_run(
-                s0, hb, 0, b1, seq0, A_b, dtb_b, t, j, n, x_s, b_s, ready, free,
-                st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r,
-                wout_r, wst_s, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
-                cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b,
-                stride_init_h, stride_init_p, stride_init_n, inter_ptr,
-                stride_inter_c, stride_inter_h, stride_inter_p, stride_inter_n,
-                final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
-                stride_final_p, stride_final_n, stride_final_idx, NB, HAS_DT_BIAS,
-                DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER, WRITE_FINAL,
-                FINAL_HAS_INDICES,
-            )  # fmt: skip
+        # the output partition's first tile of head ha's part (read once the
+        # part's first st_ready fires)
+        cnt_s.store(gl.full([1], t, gl.int32, layout=_VEC))
+        _ws_state_run(
+            s_run, ha, a0, a1, seq_first, pub_a, p, ws_ptr, sync_ptr, A_a, dtb_a,
+            t, j, n, x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
+            fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t,
+            stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
+            init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+            inter_ptr, stride_inter_c, stride_inter_h, stride_inter_p,
+            stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
+            stride_final_h, stride_final_p, stride_final_n, stride_final_idx, NB,
+            HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER, WRITE_FINAL,
+            FINAL_HAS_INDICES,
+        )  # fmt: skip
 
     @gluon.jit
     def _ws_output_run(
@@ -1306,33 +1451,49 @@ if HAS_GLUON:
     @gluon.jit
     def _ws_output(
         x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
-        fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s, y_s, out_desc, out_ptr, z_ptr,
-        D_ptr, stride_D_h, cu_chunk_ptr, ha, a0, a1, hb, b1, two, stride_out_t,
+        fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s, wst_r, dA_r, hf_ready,
+        hf_free, y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h, A_ptr,
+        dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
+        cu_chunk_ptr, ha, a0, a1, hb, b1, two, cont_in, f, stride_out_t,
         stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
-        HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
+        NB: gl.constexpr, HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr,
+        HAS_Z: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
     ):  # fmt: skip
-        """Output partition (the program's first warpgroup): head ha's chunks
-        [a0, a1), then, where the range crosses into head hb, its chunks
-        [0, b1)."""
+        """Output partition (the program's first warpgroup): where the range
+        crosses into head hb, its chunks [0, b1); the factors of the state
+        pass over head ha's [f, a0) where the range continues a sequence;
+        head ha's chunks [a0, a1)."""
         # the causal mask, once (this partition has the registers for it)
         exp_cap = _exp_cap(x_s.shape[2])
-        mbarrier.wait(st_ready.index(0), 0)
-        t = gl.max(cnt_s.load(_VEC), axis=0)
-        t, j, n = _ws_output_run(
-            ha, a0, a1, t, gl.to_tensor(0), gl.to_tensor(0), x_s, b_s, c_s, ready,
-            free, st_ring, st_ready, st_free, fac_ready, fac_free, dt_r, cs_r,
-            ecs_r, wout_r, y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h,
-            cu_chunk_ptr, stride_out_t, stride_out_h, stride_out_p, stride_z_t,
-            stride_z_h, stride_z_p, exp_cap, HAS_D, D_HAS_HDIM, HAS_Z,
-        )  # fmt: skip
+        z = gl.to_tensor(0)
+        t = z
+        j = z
+        n = z
         if two:
-            _ws_output_run(
-                hb, 0, b1, t, j, n, x_s, b_s, c_s, ready, free, st_ring, st_ready,
+            t, j, n = _ws_output_run(
+                hb, z, b1, t, j, n, x_s, b_s, c_s, ready, free, st_ring, st_ready,
                 st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, y_s,
                 out_desc, out_ptr, z_ptr, D_ptr, stride_D_h, cu_chunk_ptr,
                 stride_out_t, stride_out_h, stride_out_p, stride_z_t, stride_z_h,
                 stride_z_p, exp_cap, HAS_D, D_HAS_HDIM, HAS_Z,
             )  # fmt: skip
+        if cont_in:
+            _ws_pass_factors(
+                f, a0, ha, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h,
+                dt_min, dt_max, cu_chunk_ptr, wst_r, dA_r, hf_ready, hf_free, NB,
+                HAS_DT_BIAS, DT_SOFTPLUS,
+            )  # fmt: skip
+        # past the state pass's tiles: the state partition has consumed them
+        # before it publishes the first S_run of head ha's part
+        mbarrier.wait(st_ready.index(j % 2), (j // 2) & 1)
+        t = gl.max(cnt_s.load(_VEC), axis=0)
+        _ws_output_run(
+            ha, a0, a1, t, j, n, x_s, b_s, c_s, ready, free, st_ring, st_ready,
+            st_free, fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, y_s,
+            out_desc, out_ptr, z_ptr, D_ptr, stride_D_h, cu_chunk_ptr,
+            stride_out_t, stride_out_h, stride_out_p, stride_z_t, stride_z_h,
+            stride_z_p, exp_cap, HAS_D, D_HAS_HDIM, HAS_Z,
+        )  # fmt: skip
         tma.store_wait(0)
 
     @gluon.jit
@@ -1361,6 +1522,7 @@ if HAS_GLUON:
         n_chunks,
         run_chunks,
         n_programs,
+        help_cost,
         nheads: gl.constexpr,
         hdim: gl.constexpr,
         dstate: gl.constexpr,
@@ -1400,6 +1562,7 @@ if HAS_GLUON:
         FINAL_HAS_INDICES: gl.constexpr,
         RUNS: gl.constexpr,
         WS: gl.constexpr,
+        WS_NBUF: gl.constexpr,
     ):
         """The fused prefill on sm_90: RUNS=False, one program per (chunk,
         head) (state pass, hand-over, output pass); RUNS=True, one program per
@@ -1422,16 +1585,16 @@ if HAS_GLUON:
             # the output pass (this one), the running state, the loads; its
             # work item: a range of the chunks in head-major order
             (
-                p, ha, a0, a1, hb, b1, two, seq_first, cont_in, seq_last,
-                cont_out, tail, own_hi, help_lo,
+                p, ha, a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub,
             ) = _ws_plan(
-                sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs
+                sync_ptr, seq_idx_ptr, n_chunks, nheads, n_programs, help_cost
             )  # fmt: skip
             (
-                x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_s, cnt_s,
-                ready, free, st_ready, st_free, fac_ready, fac_free,
+                x_s, b_s, c_s, st_ring, y_s, dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r,
+                cnt_s, ready, free, st_ready, st_free, fac_ready, fac_free,
+                hf_ready, hf_free,
             ) = _allocate_ws(
-                x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB
+                x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB, WS_NBUF
             )  # fmt: skip
             gl.warp_specialize(
                 [
@@ -1440,21 +1603,25 @@ if HAS_GLUON:
                         (
                             x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
                             fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, cnt_s,
-                            y_s, out_desc, out_ptr, z_ptr, D_ptr, stride_D_h,
-                            cu_chunk_ptr, ha, a0, a1, hb, b1, two, stride_out_t,
+                            wst_r, dA_r, hf_ready, hf_free, y_s, out_desc, out_ptr,
+                            z_ptr, D_ptr, stride_D_h, A_ptr, dt_bias_ptr, dt_ptr,
+                            stride_dt_t, stride_dt_h, dt_min, dt_max, cu_chunk_ptr,
+                            ha, a0, a1, hb, b1, two, cont_in, f, stride_out_t,
                             stride_out_h, stride_out_p, stride_z_t, stride_z_h,
-                            stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
+                            stride_z_p, NB, HAS_D, D_HAS_HDIM, HAS_Z, HAS_DT_BIAS,
+                            DT_SOFTPLUS,
                         ),
                     ),
                     (
                         _ws_state,
                         (
                             x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
-                            fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_s,
-                            cnt_s, p, ha, a0, a1, hb, b1, two, seq_first, cont_in,
-                            seq_last, cont_out, tail, own_hi, help_lo, x_desc,
-                            b_desc, c_desc, A_ptr, dt_bias_ptr, dt_ptr, stride_dt_t,
-                            stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
+                            fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_r,
+                            dA_r, hf_ready, hf_free, cnt_s, p, ha, a0, a1, hb, b1,
+                            two, seq_first, cont_in,
+                            f, take, pub, x_desc, b_desc, c_desc, A_ptr,
+                            dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min,
+                            dt_max, cu_chunk_ptr, seq_idx_ptr,
                             last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
                             stride_init_p, stride_init_n, ws_ptr, sync_ptr,
                             inter_ptr, stride_inter_c, stride_inter_h,
@@ -1469,8 +1636,8 @@ if HAS_GLUON:
                         _ws_loader,
                         (
                             x_desc, b_desc, c_desc, x_s, b_s, c_s, ready, free,
-                            cu_chunk_ptr, ha, a0, a1, hb, b1, two, tail, own_hi,
-                            help_lo, heads_per_group,
+                            cu_chunk_ptr, ha, a0, a1, hb, b1, two, f,
+                            heads_per_group,
                         ),
                     ),
                 ],
@@ -1508,13 +1675,13 @@ if HAS_GLUON:
             A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
             item = r * nheads + h
             s_prev, t, ic, ij, inb, ist, ikind = _entry_state(
-                item, item - nheads, h, h, False, c0, c1, seq_first, cont_in,
-                seq_last, cont_out, tail, own_hi, help_lo, t, ic, ij, inb, ist,
-                ikind, cu_chunk_ptr, dt_ptr, stride_dt_t, stride_dt_h, A, dt_bias,
-                A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s,
-                b_s, c_s, bars, bars, x_desc, b_desc, c_desc, xcol, bcol, init_ptr,
-                stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
-                sync_ptr, NB, HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, False, False,
+                item, item - nheads, h, c0, c1, seq_first, cont_in, seq_last,
+                cont_out, tail, own_hi, help_lo, t, ic, ij, inb, ist, ikind,
+                cu_chunk_ptr, dt_ptr, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
+                dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars,
+                x_desc, b_desc, c_desc, xcol, bcol, init_ptr, stride_init_b,
+                stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr, NB,
+                HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES,
             )  # fmt: skip
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
@@ -1715,10 +1882,12 @@ def ws_fills(nheads: int, sms: int) -> bool:
 
 def warp_specialized(nheads: int, device_index: int | None) -> bool:
     """Whether the run kernel runs on three warpgroups (WARP_SPECIALIZE, or
-    by default ws_fills) for nheads heads on the GPU device_index."""
+    by default where ws_fills or there are at least WS_MIN_HEADS heads per
+    SM) for nheads heads on the GPU device_index."""
     if WARP_SPECIALIZE is not None:
         return WARP_SPECIALIZE
-    return ws_fills(nheads, _num_sms(device_index))
+    sms = _num_sms(device_index)
+    return ws_fills(nheads, sms) or nheads >= WS_MIN_HEADS * sms
 
 
 def ws_programs(
@@ -1822,7 +1991,7 @@ def launch(
         dt, A, D, z, dt_bias, out, initial_states, ws, sync, inter, final,
         final_state_indices, cu_chunk_seqlens, seq_idx, last_chunk_indices,
         float(dt_limit[0]), float(dt_limit[1]), n_chunks, run, n_items,
-        nheads, headdim, dstate, nheads // ngroups,
+        WS_HELP_COST, nheads, headdim, dstate, nheads // ngroups,
         *dt.stride(),
         D.stride(0) if D is not None else 0,
         *_strides(z, 3), *out.stride(),
@@ -1841,5 +2010,6 @@ def launch(
         FINAL_HAS_INDICES=final_state_indices is not None,
         RUNS=run > 0,
         WS=specialize,
+        WS_NBUF=WS_NUM_BUFFERS[specialize and n_items > nheads],
         num_warps=4,
     )  # fmt: skip
