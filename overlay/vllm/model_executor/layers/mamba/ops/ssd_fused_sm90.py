@@ -1064,7 +1064,7 @@ if HAS_GLUON:
         p = gl.atomic_add(sync_ptr, 1, sem="relaxed")
         total = nheads * n_chunks
         ha, a0, a1, hb, b1, two, _ = _ws_range(p, n_chunks, total, n_programs)
-        seq_first, cont_in, hl, f, take = _ws_entry_plan(
+        seq_first, cont_in, _, f, take = _ws_entry_plan(
             p, seq_idx_ptr, n_chunks, total, n_programs, help_cost
         )
         pub = gl.to_tensor(-1)
