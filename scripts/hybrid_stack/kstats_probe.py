@@ -311,8 +311,9 @@ def _ssd_fused_sm90_cases(arch: int) -> Any:
                  seqs=8, run=8)  # fmt: skip
     yield launch("sm90 runs: nemotron-h bf16 c128 g8 inter", heads=128, groups=8,
                  chunk=128, seqs=8, inter=True, run=16)  # fmt: skip
-    # warp-specialized: one head per program (16 chunks), and ranges that
-    # cross heads (16 of 64 chunks: hand-overs, 4-deep ring)
+    # warp-specialized: one head per program (16 chunks), and ranges of part
+    # of a head (16 of its 32 chunks: the form with hand-overs and the 4-deep
+    # ring, which runs where ranges cross heads)
     yield launch("sm90 ws: granite-small bf16 c256 heads", heads=128, groups=1,
                  chunk=256, seqs=8, run=16, ws=True)  # fmt: skip
     yield launch("sm90 ws: nemotron-h bf16 c128 g8 inter ranges", heads=128,

@@ -1303,10 +1303,9 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ws_state(
-        x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free, fac_ready,
-        fac_free, dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r, hf_ready, hf_free,
-        cnt_s, p, ha, a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub,
-        x_desc, b_desc, c_desc, A_ptr,
+        x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready, fac_free,
+        dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r, hf_ready, hf_free, cnt_s, p, ha,
+        a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub, A_ptr,
         dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
         cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b,
         stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr, inter_ptr,
@@ -1615,11 +1614,10 @@ if HAS_GLUON:
                     (
                         _ws_state,
                         (
-                            x_s, b_s, c_s, ready, free, st_ring, st_ready, st_free,
+                            x_s, b_s, ready, free, st_ring, st_ready, st_free,
                             fac_ready, fac_free, dt_r, cs_r, ecs_r, wout_r, wst_r,
                             dA_r, hf_ready, hf_free, cnt_s, p, ha, a0, a1, hb, b1,
-                            two, seq_first, cont_in,
-                            f, take, pub, x_desc, b_desc, c_desc, A_ptr,
+                            two, seq_first, cont_in, f, take, pub, A_ptr,
                             dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min,
                             dt_max, cu_chunk_ptr, seq_idx_ptr,
                             last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
