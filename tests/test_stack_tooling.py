@@ -151,6 +151,34 @@ def test_check_detects_stale_overlay_and_patch(toy: Toy, capsys):
     assert "stale overlay/vllm/stray.py  [(no entry)]" in capsys.readouterr().out
 
 
+def test_apply_refuses_an_overlay_file_no_entry_owns(toy: Toy, capsys):
+    edit_core_with_overlay(toy)
+    head = git(toy.work, "rev-parse", "HEAD")
+    stray = toy.root / "overlay/vllm/stray.py"
+    stray.write_text("x = 1\n")
+    # apply would leave it out of the tree and export then delete it
+    assert toy.cli("apply") == 2
+    assert "overlay/vllm/stray.py: owned by no carried entry" in err(capsys)
+    assert stray.read_text() == "x = 1\n"
+    assert git(toy.work, "rev-parse", "HEAD") == head
+
+
+def test_export_keeps_an_overlay_file_only_it_holds(toy: Toy, capsys):
+    edit_core_with_overlay(toy)
+    # the entry drops vllm/new_op.py from its commit and its overlay list, but
+    # overlay/ still has the only copy of a newer version of it
+    series = (toy.root / "patches/series.toml").read_text()
+    toy.set_series(series.replace('"vllm/new_op.py"', ""))
+    git(toy.work, "rm", "-q", "vllm/new_op.py")
+    git(toy.work, "commit", "-q", "--amend", "--no-edit")
+    new_op = toy.root / "overlay/vllm/new_op.py"
+    assert toy.cli("export") == 2
+    assert "export would delete overlay/vllm/new_op.py" in err(capsys)
+    assert new_op.read_text() == "NEW = 1\n"
+    assert toy.cli("export", "--force") == 0
+    assert not new_op.exists()
+
+
 def test_conflict_report_and_continue(toy: Toy, capsys, tmp_path: Path):
     assert toy.cli("apply") == 0
     add_entry(toy, "first", {"tools/run.sh": "#!/bin/sh\necho first\n"})

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from hybrid_stack.errors import StackError
 from hybrid_stack.gitops import AM_OPTS, Repo
-from hybrid_stack.stack import Entry, Stack, cache_dir, load_stack
+from hybrid_stack.stack import Entry, Stack, cache_dir, load_stack, unowned_overlay
 
 BRANCH = "stack"
 STATE = "hybrid-stack-state.json"
@@ -465,6 +465,14 @@ def trial_apply(stack: Stack, source: str = "sdist") -> Iterator[Path]:
 
 def run(args: argparse.Namespace) -> int:
     stack = load_stack(args.root)
+    unowned = unowned_overlay(stack)
+    if unowned:
+        raise StackError(
+            f"{', '.join(unowned[:3])}{' ...' if len(unowned) > 3 else ''}: owned by no "
+            "carried entry of patches/series.toml, so apply would leave it out of the "
+            "tree (and export would delete it); add it to an entry's overlay list, or "
+            "remove it"
+        )
     work = (args.work or stack.default_work).resolve()
     return apply(stack, work, source=args.source, cont=args.cont)
 

@@ -10,6 +10,8 @@ trailer naming a carried entry, in series order. For each entry:
   messages: edit it, not the commit message).
 Files in overlay/ owned by no carried entry, and patches/*.patch named by no
 entry, are removed: after export, patches/ and overlay/ hold exactly the tree.
+An unowned overlay file whose content the work tree does not hold (one that
+never went through apply) stops export instead: removing it would lose it.
 """
 
 from __future__ import annotations
@@ -172,6 +174,22 @@ def write_files(stack: Stack, files: dict[str, bytes | tuple[str, bytes]]) -> li
     return changed
 
 
+def unkept_overlay(
+    stack: Stack, repo: Repo, files: dict[str, bytes | tuple[str, bytes]]
+) -> list[str]:
+    """Files of overlay/ that export would delete (no carried entry owns them)
+    and whose content the work tree's HEAD does not hold either."""
+    unkept = []
+    for rel, content in current_files(stack).items():
+        if not rel.startswith("overlay/") or rel in files:
+            continue
+        got = repo.blob("HEAD", rel.removeprefix("overlay/"))
+        data = content[1] if isinstance(content, tuple) else content
+        if got is None or got[1] != data:
+            unkept.append(rel)
+    return sorted(unkept)
+
+
 def files_digest(files: dict[str, bytes | tuple[str, bytes]]) -> dict[str, str]:
     """sha256 of each file's content, by path. Recorded in the work tree's
     state as "synced" when apply or export leaves patches/ and overlay/
@@ -208,6 +226,14 @@ def run(args: argparse.Namespace) -> int:
             "Run apply to take them into the work tree first, or export --force to "
             "drop them"
         )
+    unkept = [] if args.force else unkept_overlay(stack, repo, files)
+    if unkept:
+        shown = ", ".join(unkept[:3]) + (" ..." if len(unkept) > 3 else "")
+        raise StackError(
+            f"export would delete {shown}: no carried entry owns it and {work}'s HEAD "
+            "does not hold it; add it to an entry's overlay list in patches/series.toml "
+            "and run apply, or remove it (export --force deletes it)"
+        )
     changed = write_files(stack, files)
     if state:
         # write_files left patches/ and overlay/ equal to files
@@ -225,6 +251,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="overwrite patches/ and overlay/ files edited since the last apply / export",
+        help="overwrite patches/ and overlay/ files edited since the last apply / export "
+        "and delete overlay files no entry owns",
     )
     p.set_defaults(func=run)

@@ -288,6 +288,18 @@ def load_series(path: Path) -> list[Entry]:
     return entries
 
 
+def unowned_overlay(stack: Stack) -> list[str]:
+    """Files under overlay/ (stack-relative) that no carried entry owns."""
+    owned = {f"overlay/{p}" for e in stack.carried for p in e.overlay}
+    if not stack.overlay_dir.is_dir():
+        return []
+    return sorted(
+        rel
+        for f in stack.overlay_dir.rglob("*")
+        if f.is_file() and (rel := f.relative_to(stack.root).as_posix()) not in owned
+    )
+
+
 def load_stack(root: Path | None = None, *, check_files: bool = True) -> Stack:
     root = (root or find_root()).resolve()
     stack = Stack(
