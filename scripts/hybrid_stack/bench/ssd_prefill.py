@@ -51,7 +51,7 @@ DIMS: dict[str, dict[str, int]] = {
     "nemotron-h-8b": {"heads": 128, "headdim": 64, "dstate": 128, "groups": 8, "chunk": 128},
 }
 TOKENS = {
-    "granite-4.0-h-small": (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18),
+    "granite-4.0-h-small": (1 << 10, 1 << 11, 1 << 12, 1 << 14, 1 << 16, 1 << 18),
     "mamba2-2.7b": (1 << 10, 1 << 14, 1 << 18),
     "nemotron-h-8b": (1 << 10, 1 << 14, 1 << 18),
 }

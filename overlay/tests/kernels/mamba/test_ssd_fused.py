@@ -30,7 +30,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers.mamba.ops import ssd_fused, ssd_fused_sm90
+from vllm.model_executor.layers.mamba.ops import (
+    ssd_fused,
+    ssd_fused_launch,
+    ssd_fused_sm90,
+)
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     mamba_chunk_scan_combined_varlen,
 )
@@ -486,6 +490,100 @@ def test_fused_ssd_intermediate_states(itype, fused_kernel):
     assert inter.shape == ref.shape
     assert rel_err(inter, ref) < TOL[itype]
     assert_kernel_ran(fused_kernel)
+
+
+def _recorded_launch(monkeypatch, kernel: str) -> tuple:
+    """(kernel, args, meta) of one launch of the Triton kernel or of the sm90
+    kernel (warp-specialized ranges) on small CPU tensors: the launch is
+    recorded, not run."""
+    got = {}
+
+    def record(fn, grid, args, meta):
+        got.update(fn=fn, args=args, meta=meta)
+
+    monkeypatch.setattr(ssd_fused_launch, "launch", record)
+    lens = [300, 128, 50]
+    inp = make_inputs(lens, 16, 64, 2, 64, torch.bfloat16, "cpu")
+    x = inp["x"]
+    cu, cu_chunk, last, seq_idx = chunk_metadata(lens, 128, "cpu")
+    out = torch.empty_like(x)
+    if kernel == "triton":
+        monkeypatch.setattr(ssd_fused, "USE_SM90_KERNEL", False)
+        _mamba_chunk_scan_fused_fwd(
+            x, inp["dt"], inp["A"], inp["B"], inp["C"], 128, cu, cu_chunk, last,
+            seq_idx, out, D=inp["D_dim"], z=inp["z"], dt_bias=inp["dt_bias"],
+            initial_states=inp["init"], dt_softplus=True,
+        )  # fmt: skip
+    else:
+        monkeypatch.setattr(ssd_fused_sm90, "_num_sms", lambda device_index: 132)
+        monkeypatch.setattr(ssd_fused_sm90, "WARP_SPECIALIZE", True)
+        monkeypatch.setattr(ssd_fused_sm90, "RUN_CHUNKS", 2)
+        ssd_fused_sm90.launch(
+            x, inp["dt"], inp["A"], inp["B"], inp["C"], 128, cu_chunk, last,
+            seq_idx, out, inp["D_head"], None, inp["dt_bias"], None, True,
+            (0.0, float("inf")), None, torch.empty(3, 16, 64, 64),
+            torch.tensor([2, 0, 1], dtype=torch.int32), True,
+        )  # fmt: skip
+    return got["fn"], got["args"], got["meta"]
+
+
+def _one_changed(args: tuple, constexpr: tuple[bool, ...]):
+    """The arguments with one non-constexpr one changed at a time: tensors to an
+    unaligned view, an aligned view and another dtype, None to a tensor, ints
+    around 1, multiples of 16 and the int32 range, floats."""
+    for i, (a, c) in enumerate(zip(args, constexpr)):
+        if c:
+            continue
+        if isinstance(a, torch.Tensor):
+            flat = torch.empty(a.numel() + 16, dtype=a.dtype)
+            other = torch.float32 if a.dtype != torch.float32 else torch.bfloat16
+            alts = [flat[1 : 1 + a.numel()], flat[8 : 8 + a.numel()], a.to(other)]
+        elif a is None:
+            alts = [torch.empty(4, dtype=torch.float32)]
+        elif type(a) is int:
+            alts = [0, 1, 2, 16, 17, 48, 2**31 - 16, 2**31, 2**31 + 16, 2**32 + 1]
+        elif type(a) is float:
+            alts = [0.0, 1.5, float("inf")]
+        else:  # TMA descriptors
+            alts = []
+        for alt in alts:
+            yield args[:i] + (alt,) + args[i + 1 :]
+
+
+@pytest.mark.parametrize("kernel", ["triton", "sm90"])
+def test_launch_key_determines_the_specialization(kernel, monkeypatch):
+    """ssd_fused_launch caches compiled kernels under args_key instead of
+    binding every argument through the JIT on each launch: calls with equal
+    keys must get the same specialization from Triton's own binder. Checked
+    on a recorded launch of each kernel and on every variant of it with one
+    argument changed (its dtype, alignment, value class or None-ness). Runs
+    on the CPU: the binder needs no GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime import JITFunction
+    from triton.runtime.jit import create_function_from_signature
+
+    if kernel == "sm90" and not ssd_fused_sm90.HAS_GLUON:
+        pytest.skip("the sm90 kernel needs Triton's Gluon (Triton 3.6 or 3.8)")
+    fn, args, meta = _recorded_launch(monkeypatch, kernel)
+    if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1: the raw function
+        fn = JITFunction(fn.fn)
+    binder = create_function_from_signature(
+        fn.signature, fn.params, CUDABackend(GPUTarget("cuda", 90, 32))
+    )
+
+    class Kernel:  # args_key reads the parameters (a JITFunction hashes its
+        params = fn.params  # source's dependencies, interpreted ones here)
+
+    constexpr = tuple(p.is_constexpr for p in fn.params)
+    spec_of_key: dict = {}
+    variants = [args, *_one_changed(args, constexpr)]
+    for v in variants:
+        spec = repr(binder(*v, **meta)[1])
+        key = ssd_fused_launch.args_key(Kernel, v)
+        assert spec_of_key.setdefault(key, spec) == spec, (key, spec)
+    # the variants did reach different specializations
+    assert len(set(spec_of_key.values())) > len(variants) // 4
 
 
 @pytest.mark.skipif(

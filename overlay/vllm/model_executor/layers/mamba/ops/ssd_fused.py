@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from vllm.model_executor.layers.mamba.ops import ssd_fused_sm90
+from vllm.model_executor.layers.mamba.ops import ssd_fused_launch, ssd_fused_sm90
 from vllm.model_executor.layers.mamba.ops.mamba_ssm import softplus
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     is_int_pow_2,
@@ -455,16 +455,17 @@ def _ssd_fused_varlen_kernel(
 # wgmma) wherever ssd_fused_sm90.supports() holds and the prefill has at least
 # SM90_MIN_TOKEN_HEADS tokens x heads; tests and benchmarks set
 # USE_SM90_KERNEL to False to run the Triton kernel below on the same inputs.
-# The threshold: the Gluon launch costs more host time (four TMA descriptors:
-# 126-224 us per call against 74-133 us on the H200 host), which outweighs its
-# lower GPU time while a call is host-bound; back-to-back calls, granite dims
-# (128 heads), ms per call Gluon / Triton: 1k tokens 0.12-0.15 / 0.10, 2k
-# 0.21 / 0.13, 4k 0.17-0.21 / 0.23; GPU time alone (CUDA graph) the Gluon form
-# is faster at every size (1k 0.050 / 0.066, 4k 0.171 / 0.230).
+# The threshold: the Gluon launch costs more host time (four TMA descriptors;
+# with ssd_fused_launch 85-105 us per call against the Triton form's 52-58 us
+# on the H200 host), which outweighs its lower GPU time while a call is
+# host-bound. Back to back, us per call Gluon / Triton (the stack's
+# results/ssd_fused_launch-h200): 1k tokens 94-121 / 58-81 at 80-128 heads;
+# 2k 94-102 / 122 (granite, 1 sequence), 94-97 / 146 (Nemotron-H, 8); 4k
+# 95-107 / 153-230.
 # By default only under the Triton release the Gluon form has run with
 # (ssd_fused_sm90.TESTED_HERE); the tests set it to True to check another.
 USE_SM90_KERNEL = ssd_fused_sm90.TESTED_HERE
-SM90_MIN_TOKEN_HEADS = 1 << 19
+SM90_MIN_TOKEN_HEADS = 1 << 18
 
 
 def use_sm90_kernel(
@@ -753,7 +754,7 @@ def _mamba_chunk_scan_fused_fwd(
             (nchunks, nheads, headdim, dstate), device=device, dtype=torch.float32
         )
         sync = torch.zeros(1 + n_items, device=device, dtype=torch.int32)
-        _ssd_fused_varlen_kernel[(n_items,)](
+        args = (
             x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
             final, final_state_indices, cu_chunk_seqlens, seq_idx,
             last_chunk_indices,
@@ -764,7 +765,9 @@ def _mamba_chunk_scan_fused_fwd(
             *_strides(z, 3), *out.stride(),
             *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
             final_state_indices.stride(0) if final_state_indices is not None else 0,
-            **params,
+        )  # fmt: skip
+        meta = dict(
+            params,
             HAS_D=D is not None,
             D_HAS_HDIM=D is not None and D.dim() == 2,
             HAS_Z=z is not None,
@@ -774,7 +777,8 @@ def _mamba_chunk_scan_fused_fwd(
             WRITE_INTER=return_intermediate_states,
             WRITE_FINAL=write_final,
             FINAL_HAS_INDICES=final_states_out is not None,
-        )  # fmt: skip
+        )
+        ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
 
     if return_intermediate_states:
         return inter

@@ -107,6 +107,7 @@ from functools import cache
 
 import torch
 
+from vllm.model_executor.layers.mamba.ops import ssd_fused_launch
 from vllm.triton_utils import triton
 
 # Gluon is experimental and its API changes between Triton releases. This
@@ -1981,7 +1982,7 @@ def launch(
             t, [seqlen, t.shape[1] * width], [t.stride(0), 1], [BLOCK_M, width], layout
         )
 
-    _ssd_fused_sm90_kernel[(n_items,)](
+    args = (
         rows_desc(x, headdim, row_layout),
         rows_desc(B, dstate, bc_layout),
         rows_desc(C, dstate, bc_layout),
@@ -1995,6 +1996,8 @@ def launch(
         *_strides(z, 3), *out.stride(),
         *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
         final_state_indices.stride(0) if final_state_indices is not None else 0,
+    )  # fmt: skip
+    meta = dict(
         STATE_SMEM_LAYOUT=st_layout,
         CHUNK_SIZE=chunk_size,
         HAS_D=D is not None,
@@ -2010,4 +2013,5 @@ def launch(
         WS=specialize,
         WS_NBUF=WS_NUM_BUFFERS[specialize and n_items > nheads],
         num_warps=4,
-    )  # fmt: skip
+    )
+    ssd_fused_launch.launch(_ssd_fused_sm90_kernel, n_items, args, meta)
