@@ -4,12 +4,13 @@
 
 ``kernel[grid](*args, **meta)`` binds and specializes every argument on every
 call (``JITFunction.run``: the type, 16-byte alignment and value class of each
-of the kernels' 65-71 arguments, then a string cache key). Measured on the
-H200's host that was 40-60 us of a 1k-token prefill's 90-150 us host time
-(the fused kernel then runs for 30-75 us). ``launch`` builds a cheaper key
-from the same facts, looks the compiled kernel up under it and launches that
-(``CompiledKernel[grid]``); on a miss it takes the kernel from
+of the kernels' 65-71 arguments, then a string cache key). ``launch`` builds
+a cheaper key from the same facts, looks the compiled kernel up under it and
+launches that (``CompiledKernel[grid]``); on a miss it takes the kernel from
 ``JITFunction.warmup`` with the same arguments, which compiles it if needed.
+Measured on the H200's host (the stack's results/ssd_fused_launch-h200), host
+time per fused prefill call at 1k-4k tokens: the Triton kernel 63-98 -> 52-87
+us, the sm_90 kernel 117-189 -> 85-122 us (their GPU time: 29-230 us).
 
 The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
@@ -41,13 +42,10 @@ except ImportError:
     pass
 
 
-def _arg_key(a: Any) -> Hashable:
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if type(a) is int:
-        return a == 1, a % 16 == 0, -(2**31) <= a < 2**31
-    if a is None or type(a) is float:
-        return None
+_I32 = 2**31
+
+
+def _other_key(a: Any) -> Hashable:
     if isinstance(a, _DESCRIPTOR_TYPES):  # (its base is 16-byte aligned)
         return a.base.dtype, tuple(a.block_shape), a.layout
     return a
@@ -60,7 +58,22 @@ def args_key(fn: Any, args: tuple) -> Hashable:
     constexpr = _CONSTEXPR.get(fn)
     if constexpr is None:
         constexpr = _CONSTEXPR[fn] = tuple(p.is_constexpr for p in fn.params)
-    return tuple([a if c else _arg_key(a) for a, c in zip(args, constexpr)])
+    # one expression per argument, no call per argument: this is host time on
+    # every launch
+    return tuple(
+        [
+            a
+            if c
+            else (a == 1, a % 16 == 0, -_I32 <= a < _I32)
+            if type(a) is int
+            else (a.dtype, a.data_ptr() % 16 == 0)
+            if isinstance(a, torch.Tensor)
+            else None
+            if a is None or type(a) is float
+            else _other_key(a)
+            for a, c in zip(args, constexpr)
+        ]
+    )
 
 
 def launch_key(fn: Any, args: tuple, meta: dict[str, Any]) -> Hashable:
