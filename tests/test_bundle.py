@@ -8,6 +8,7 @@ work/vllm is absent (CI applies the stack first).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -328,6 +329,41 @@ def test_runner_parses_junit_skips_as_skips(tmp_path: Path):
     assert (res["passed"], res["skipped"], res["failed"], res["errors"]) == (1, 1, 1, 1)
     assert res["skip_reasons"] == {"needs CUDA": 1}
     assert res["failed_ids"] == ["a::bad", "a::err"]
+
+
+def _runner_module():
+    spec = importlib.util.spec_from_file_location("r", bundle.DATA_DIR / "run.py")
+    assert spec and spec.loader
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
+
+
+def test_runner_keeps_the_results_of_a_stopped_run(tmp_path: Path):
+    run = _runner_module()
+    t = tmp_path / "test_sleepy.py"
+    t.write_text(
+        "import time\nimport pytest\n"
+        "def test_fast():\n    pass\n"
+        "def test_skip():\n    pytest.skip('later')\n"
+        "def test_bad():\n    assert 0\n"
+        "def test_slow():\n    time.sleep(120)\n"
+    )
+    args = argparse.Namespace(out=tmp_path, workers=1, k=None, pytest_arg=[], timeout=10.0)
+    res = run.run_tests("sleepy", [str(t)], args, dict(os.environ))
+    assert res["rc"] != 0 and res["seconds"] < 60
+    assert (res["passed"], res["failed"], res["skipped"]) == (1, 1, 1)
+    # (pytest names it relative to the runner's folder)
+    assert [i.rsplit("/", 1)[-1] for i in res["failed_ids"]] == ["test_sleepy.py::test_bad"]
+    assert "no junit report" in res["note"] and "3 test(s)" in res["note"]
+    # pytest-xdist's lines: each test's last status counts
+    log = tmp_path / "x.log"
+    log.write_text(
+        "[gw0] [ 25%] PASSED t.py::test_a \n[gw1] [ 50%] FAILED t.py::test_b[x-1] \n"
+        "[gw1] [ 75%] ERROR t.py::test_b[x-1] \n[gw2] [100%] SKIPPED t.py::test_c \n"
+    )
+    res = run.parse_log(log)
+    assert (res["passed"], res["errors"], res["skipped"], res["finished"]) == (1, 1, 1, 3)
 
 
 # --- stubs ------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -246,6 +247,31 @@ def parse_junit(path: Path) -> dict[str, Any]:
     return {**counts, "failed_ids": failed, "skip_reasons": skips}
 
 
+LOG_RESULT = re.compile(
+    r"(?:\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+::\S+))"
+    r"|(?:^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b)"
+)
+LOG_KIND = {"PASSED": "passed", "XFAIL": "passed", "XPASS": "passed", "FAILED": "failed"}
+LOG_KIND |= {"ERROR": "errors", "SKIPPED": "skipped"}
+
+
+def parse_log(path: Path) -> dict[str, Any]:
+    """Counts from pytest -v's per-test lines (with or without xdist), for a
+    run stopped before it wrote its junit report: each test's last status."""
+    last: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            m = LOG_RESULT.search(line)
+            if m:
+                status, tid = (m[1], m[2]) if m[1] else (m[4], m[3])
+                last[tid] = status
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for status in last.values():
+        counts[LOG_KIND[status]] += 1
+    failed = [t for t, st in last.items() if st in ("FAILED", "ERROR")]
+    return {**counts, "failed_ids": failed, "skip_reasons": {}, "finished": len(last)}
+
+
 def have_xdist(env: dict[str, str]) -> bool:
     p = subprocess.run(
         [sys.executable, "-c", "import xdist"], env=env, capture_output=True, check=False
@@ -263,7 +289,9 @@ def run_tests(
     if not ids:
         res.update(rc=None, note="no tests in this selection", seconds=0.0)
         return res
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs"]
+    # -v: a line per finished test, so a run stopped by --timeout still tells
+    # what finished (parse_log); -q's progress dots have no newline to stream
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfEs"]
     cmd.append("--continue-on-collection-errors")
     cmd += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
     workers = args.workers
@@ -279,7 +307,15 @@ def run_tests(
     rc = tee(cmd, env, log, args.timeout)
     res["seconds"] = round(time.monotonic() - start, 1)
     res["rc"] = rc
-    res.update(parse_junit(junit))
+    if junit.is_file():
+        res.update(parse_junit(junit))
+    else:  # stopped before pytest wrote its report
+        res.update(parse_log(log))
+        stopped = (
+            f"no junit report (rc {rc}): counts are the {res['finished']} test(s) "
+            "the log shows finished"
+        )
+        res["note"] = "; ".join(n for n in (res.get("note"), stopped) if n)
     return res
 
 
@@ -366,7 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--workers", type=int, default=8, help="pytest-xdist workers")
     parser.add_argument("-k", help="pytest -k expression")
     parser.add_argument("--pytest-arg", action="append", default=[], help="extra pytest argument")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per step")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per step; a test step stopped by it still reports the tests "
+        "that finished (use it rather than an outer timeout, which loses them)",
+    )
     parser.add_argument("--site", type=Path, default=HERE / ".site", help="private install folder")
     parser.add_argument("--list", action="store_true", help="list selections, benchmarks")
     parser.add_argument(
