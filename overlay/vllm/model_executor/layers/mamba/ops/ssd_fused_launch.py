@@ -19,6 +19,9 @@ None by position; constexpr parameters and any other argument (a TMA
 descriptor's dtype, block shape and layout) by value.
 ``test_launch_key_determines_the_specialization`` (tests/kernels/mamba/
 test_ssd_fused.py, CPU) checks this against Triton's own argument binding.
+What the JIT reads at each launch besides the arguments (its debug and
+instrumentation knobs, pre-run hooks) is read at a key's first launch only;
+launch hooks (``knobs.runtime.launch_enter_hook``) run on every launch.
 """
 
 from collections.abc import Hashable
