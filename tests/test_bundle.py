@@ -312,10 +312,7 @@ def test_runner_env_exports_the_bundle_import_path(
 
 
 def test_runner_parses_junit_skips_as_skips(tmp_path: Path):
-    spec = importlib.util.spec_from_file_location("r", bundle.DATA_DIR / "run.py")
-    assert spec and spec.loader
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = load_runner(bundle.DATA_DIR)
     xml = tmp_path / "j.xml"
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
@@ -331,16 +328,8 @@ def test_runner_parses_junit_skips_as_skips(tmp_path: Path):
     assert res["failed_ids"] == ["a::bad", "a::err"]
 
 
-def _runner_module():
-    spec = importlib.util.spec_from_file_location("r", bundle.DATA_DIR / "run.py")
-    assert spec and spec.loader
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    return run
-
-
 def test_runner_keeps_the_results_of_a_stopped_run(tmp_path: Path):
-    run = _runner_module()
+    run = load_runner(bundle.DATA_DIR)
     t = tmp_path / "test_sleepy.py"
     t.write_text(
         "import time\nimport pytest\n"

@@ -147,9 +147,13 @@ def orphan_patches(stack: Stack) -> list[str]:
     )
 
 
-def write_files(stack: Stack, files: dict[str, bytes | tuple[str, bytes]]) -> list[str]:
-    """Make patches/ and overlay/ equal to `files`; return the paths changed."""
-    now = current_files(stack)
+def write_files(
+    stack: Stack,
+    files: dict[str, bytes | tuple[str, bytes]],
+    now: dict[str, bytes | tuple[str, bytes]],
+) -> list[str]:
+    """Make patches/ and overlay/ (holding `now`, current_files) equal to
+    `files`; return the paths changed."""
     changed = []
     for rel, content in files.items():
         if now.get(rel) == content:
@@ -175,12 +179,15 @@ def write_files(stack: Stack, files: dict[str, bytes | tuple[str, bytes]]) -> li
 
 
 def unkept_overlay(
-    stack: Stack, repo: Repo, files: dict[str, bytes | tuple[str, bytes]]
+    repo: Repo,
+    files: dict[str, bytes | tuple[str, bytes]],
+    now: dict[str, bytes | tuple[str, bytes]],
 ) -> list[str]:
-    """Files of overlay/ that export would delete (no carried entry owns them)
-    and whose content the work tree's HEAD does not hold either."""
+    """Files of overlay/ (in `now`, current_files) that export would delete
+    (no carried entry owns them) and whose content the work tree's HEAD does
+    not hold either."""
     unkept = []
-    for rel, content in current_files(stack).items():
+    for rel, content in now.items():
         if not rel.startswith("overlay/") or rel in files:
             continue
         got = repo.blob("HEAD", rel.removeprefix("overlay/"))
@@ -200,13 +207,16 @@ def files_digest(files: dict[str, bytes | tuple[str, bytes]]) -> dict[str, str]:
     }
 
 
-def edited_since_sync(stack: Stack, synced: dict[str, str] | None) -> list[str]:
-    """Files of patches/ and overlay/ changed on disk since apply or export
-    last left them as recorded in ``synced`` (export would overwrite them)."""
+def edited_since_sync(
+    synced: dict[str, str] | None, now: dict[str, bytes | tuple[str, bytes]]
+) -> list[str]:
+    """Files of patches/ and overlay/ (holding `now`, current_files) changed on
+    disk since apply or export last left them as recorded in ``synced``
+    (export would overwrite them)."""
     if synced is None:  # a work tree from before the record, or not by apply
         return []
-    now = files_digest(current_files(stack))
-    return sorted(rel for rel in set(now) | set(synced) if now.get(rel) != synced.get(rel))
+    digest = files_digest(now)
+    return sorted(rel for rel in set(digest) | set(synced) if digest.get(rel) != synced.get(rel))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -217,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
     files = export_files(stack, work)
     repo = Repo(work)
     state = _read_state(repo)
-    edited = [] if args.force else edited_since_sync(stack, state.get("synced"))
+    now = current_files(stack)  # read once: the checks below and write_files
+    edited = [] if args.force else edited_since_sync(state.get("synced"), now)
     if edited:
         shown = ", ".join(edited[:3]) + (" ..." if len(edited) > 3 else "")
         raise StackError(
@@ -226,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             "Run apply to take them into the work tree first, or export --force to "
             "drop them"
         )
-    unkept = [] if args.force else unkept_overlay(stack, repo, files)
+    unkept = [] if args.force else unkept_overlay(repo, files, now)
     if unkept:
         shown = ", ".join(unkept[:3]) + (" ..." if len(unkept) > 3 else "")
         raise StackError(
@@ -234,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             "does not hold it; add it to an entry's overlay list in patches/series.toml "
             "and run apply, or remove it (export --force deletes it)"
         )
-    changed = write_files(stack, files)
+    changed = write_files(stack, files, now)
     if state:
         # write_files left patches/ and overlay/ equal to files
         state["synced"] = files_digest(files)
