@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -353,6 +354,40 @@ def test_runner_keeps_the_results_of_a_stopped_run(tmp_path: Path):
     )
     res = run.parse_log(log)
     assert (res["passed"], res["errors"], res["skipped"], res["finished"]) == (1, 1, 1, 3)
+
+
+def test_runner_shards_split_a_selection(tmp_path: Path):
+    """--shard I/N: the N shards of a selection run each of its tests once."""
+    run = load_runner(bundle.DATA_DIR)
+    t = tmp_path / "test_many.py"
+    t.write_text(
+        "import pytest\n"
+        "@pytest.mark.parametrize('i', range(7))\n"
+        "def test_p(i):\n    pass\n"
+        "def test_q():\n    pass\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(bundle.DATA_DIR))
+    ran: list[str] = []
+    for i in (1, 2, 3):
+        args = argparse.Namespace(
+            out=tmp_path, workers=1, k=None, pytest_arg=[], timeout=None, shard=f"{i}/3"
+        )
+        res = run.run_tests("many", [str(t)], args, env)
+        assert res["rc"] == 0 and res["selection"] == f"many [shard {i}/3]"
+        junit = ET.parse(tmp_path / f"junit-many__shard_{i}_3_.xml")
+        names = [c.get("name") for c in junit.iter("testcase")]
+        assert res["passed"] == len(names) == [3, 3, 2][i - 1]
+        ran += names
+    assert sorted(ran) == sorted([f"test_p[{i}]" for i in range(7)] + ["test_q"])
+
+
+def test_runner_rejects_a_bad_shard(capsys: pytest.CaptureFixture):
+    run = load_runner(bundle.DATA_DIR)
+    for bad in ("3/2", "0/2", "1", "a/b", "1/0"):
+        with pytest.raises(SystemExit) as e:
+            run.main(["--shard", bad])
+        assert e.value.code == run.EXIT_USAGE
+        assert "expected I/N" in capsys.readouterr().err
 
 
 # --- stubs ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ GPU machines often have torch and triton but neither vLLM's compiled extensions
 nor a network. The bundle is one tarball holding:
 
   run.py                the runner (stdlib only; see bundle_data/run.py)
+  hybrid_stack_shard.py its pytest plugin for run.py --shard I/N
   manifest.json         selections (quick, full, one per series entry), benches,
                         wheels, the vLLM version and where the bundle came from
   src/vllm/             the applied tree's Python sources (no compiled modules),
@@ -448,6 +449,7 @@ def build_plan(
     for w in wheels:
         plan.add(f"wheels/{w.path.name}", w.path)
     plan.add("run.py", DATA_DIR / "run.py")
+    plan.add("hybrid_stack_shard.py", DATA_DIR / "hybrid_stack_shard.py")
     plan.add("pytest.ini", b"[pytest]\n# rootdir of the hybrid-stack GPU bundle\n")
     manifest = {
         "name": name,

@@ -7,6 +7,7 @@ Unpack the bundle on a machine with a CUDA GPU, torch and triton, then:
     python run.py quick                       # the few-minute kernel test selection
     python run.py full --bench all --out res  # every bundled test, all benchmarks
     python run.py <entry-name> tests/kernels/mamba/test_x.py::test_y -n 4
+    python run.py <entry-name> --shard 1/2    # half its tests (then --shard 2/2)
     eval "$(python run.py --env)"             # the same imports for your own scripts,
     ncu ... python3 my_probe.py               # profilers, notebooks (no CUDA check)
 
@@ -21,6 +22,7 @@ when xdist is there) and the chosen benchmarks, writes JSON and logs to
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -37,6 +39,18 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+
+def _load_plugin(name: str) -> Any:
+    """A pytest plugin module next to this file (stdlib only at import)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+hybrid_stack_shard = _load_plugin("hybrid_stack_shard")
 MANIFEST = HERE / "manifest.json"
 EXIT_NO_CUDA = 3
 EXIT_USAGE = 2
@@ -282,6 +296,10 @@ def have_xdist(env: dict[str, str]) -> bool:
 def run_tests(
     label: str, ids: list[str], args: argparse.Namespace, env: dict[str, str]
 ) -> dict[str, Any]:
+    shard = getattr(args, "shard", None)
+    if shard:
+        label = f"{label} [shard {shard}]"
+        env = dict(env, **{hybrid_stack_shard.ENV: shard})
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)[:80]
     junit = args.out / f"junit-{safe}.xml"
     log = args.out / f"pytest-{safe}.log"
@@ -294,6 +312,8 @@ def run_tests(
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfEs"]
     cmd.append("--continue-on-collection-errors")
     cmd += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
+    if shard:
+        cmd += ["-p", "hybrid_stack_shard"]
     workers = args.workers
     if workers > 1 and have_xdist(env):
         cmd += ["-n", str(workers)]
@@ -386,6 +406,14 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"overall: {'OK' if summary['ok'] else 'FAILED'}; details in {summary['out']}")
 
 
+def shard_arg(value: str) -> str:
+    try:
+        hybrid_stack_shard.parse(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run the hybrid-stack GPU bundle's kernel tests and benchmarks."
@@ -408,6 +436,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds per step; a test step stopped by it still reports the tests "
         "that finished (use it rather than an outer timeout, which loses them)",
+    )
+    parser.add_argument(
+        "--shard",
+        type=shard_arg,
+        default=None,
+        help="I/N: run the I-th of N interleaved parts of each selection's tests "
+        "(collection order), to split a selection over calls with a time limit",
     )
     parser.add_argument("--site", type=Path, default=HERE / ".site", help="private install folder")
     parser.add_argument("--list", action="store_true", help="list selections, benchmarks")
