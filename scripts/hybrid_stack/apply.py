@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybrid_stack.errors import StackError
+from hybrid_stack.errors import StackError, first_few
 from hybrid_stack.gitops import AM_OPTS, Repo
 from hybrid_stack.stack import Entry, Stack, cache_dir, load_stack, unowned_overlay
 
@@ -330,9 +330,8 @@ def open_work(stack: Stack, work: Path) -> Repo:
         )
     dirty = repo.dirty()
     if dirty:
-        shown = ", ".join(dirty[:3]) + (" ..." if len(dirty) > 3 else "")
         raise StackError(
-            f"{work} has uncommitted changes ({len(dirty)}: {shown}): commit them "
+            f"{work} has uncommitted changes ({len(dirty)}: {first_few(dirty)}): commit them "
             "(then hybrid-stack export) or stash them; apply never overwrites them"
         )
     return repo
@@ -468,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
     unowned = unowned_overlay(stack)
     if unowned:
         raise StackError(
-            f"{', '.join(unowned[:3])}{' ...' if len(unowned) > 3 else ''}: owned by no "
+            f"{first_few(unowned)}: owned by no "
             "carried entry of patches/series.toml, so apply would leave it out of the "
             "tree (and export would delete it); add it to an entry's overlay list, or "
             "remove it"

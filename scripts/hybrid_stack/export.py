@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from hybrid_stack.errors import StackError
+from hybrid_stack.errors import StackError, first_few
 from hybrid_stack.gitops import Repo
 from hybrid_stack.stack import TRAILER_ENTRY, Entry, Stack, load_stack
 
@@ -230,18 +230,16 @@ def run(args: argparse.Namespace) -> int:
     now = current_files(stack)  # read once: the checks below and write_files
     edited = [] if args.force else edited_since_sync(state.get("synced"), now)
     if edited:
-        shown = ", ".join(edited[:3]) + (" ..." if len(edited) > 3 else "")
         raise StackError(
             f"{len(edited)} file(s) of patches/ or overlay/ changed since the last apply "
-            f"or export ({shown}); export would overwrite them with {work}'s version. "
+            f"or export ({first_few(edited)}); export would overwrite them with {work}'s version. "
             "Run apply to take them into the work tree first, or export --force to "
             "drop them"
         )
     unkept = [] if args.force else unkept_overlay(repo, files, now)
     if unkept:
-        shown = ", ".join(unkept[:3]) + (" ..." if len(unkept) > 3 else "")
         raise StackError(
-            f"export would delete {shown}: no carried entry owns it and {work}'s HEAD "
+            f"export would delete {first_few(unkept)}: no carried entry owns it and {work}'s HEAD "
             "does not hold it; add it to an entry's overlay list in patches/series.toml "
             "and run apply, or remove it (export --force deletes it)"
         )
