@@ -138,7 +138,7 @@ def _signature(kernel: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict
         if p.is_constexpr or v is None:
             sig[p.name] = "constexpr"
             constexprs[(i,)] = v
-        elif type(v).__name__ == "TensorDescriptor":
+        elif any(t.__name__ == "TensorDescriptor" for t in type(v).__mro__):
             from triton.runtime.jit import mangle_type
 
             sig[p.name] = mangle_type(v)

@@ -492,6 +492,73 @@ def test_fused_ssd_intermediate_states(itype, fused_kernel):
     assert_kernel_ran(fused_kernel)
 
 
+@requires_gpu
+def test_fused_ssd_flag_buffer_kept_and_graphs(fused_kernel):
+    """The flag buffer is kept per stream and every launch leaves it zeroed
+    (ssd_fused, "Flag buffer"): launches back to back on one stream and on a
+    second stream, and replays of a CUDA graph with new inputs, each
+    against the reference; the kept buffers are all zero afterwards."""
+    device = current_platform.device_type
+    itype = torch.bfloat16
+    chunk_size = 128
+    lens = [700, 128, 5, 1000]
+    inps = [
+        make_inputs(lens, 8, 64, 1, 64, itype, device, seed=20 + i) for i in range(3)
+    ]
+    require_kernel(fused_kernel, inps[0], chunk_size)
+    cu, cu_chunk, last, seq_idx = chunk_metadata(lens, chunk_size, device)
+
+    def check(out: torch.Tensor, finals: torch.Tensor, inp: dict) -> None:
+        ref_out, ref_final, _ = reference_for(
+            inp, cu, inp["D_head"], use_z=True, use_init=True
+        )
+        assert not out.isnan().any(), "some output elements were not written"
+        assert rel_err(out, ref_out) < TOL[itype]
+        assert rel_err(finals, ref_final) < TOL[itype]
+
+    def call(inp: dict, out: torch.Tensor) -> torch.Tensor:
+        return mamba_chunk_scan_fused_varlen(
+            inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk_size, cu,
+            cu_chunk, last, seq_idx, out, D=inp["D_head"], z=inp["z"],
+            dt_bias=inp["dt_bias"], initial_states=inp["init"],
+            dt_softplus=True, state_dtype=torch.float32,
+        )  # fmt: skip
+
+    def fresh_out() -> torch.Tensor:
+        return torch.full_like(inps[0]["x"], float("nan"))
+
+    for inp in inps[:2]:  # one stream, back to back
+        out = fresh_out()
+        check(out, call(inp, out), inp)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fresh_out()
+        finals = call(inps[2], out)
+    side.synchronize()
+    check(out, finals, inps[2])
+
+    static = {k: v.clone() for k, v in inps[0].items()}
+    out = fresh_out()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        finals = call(static, out)
+    for inp in inps:
+        for k, v in inp.items():
+            static[k].copy_(v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, finals, inp)
+
+    torch.cuda.synchronize()
+    dev = out.device.index
+    kept = [b for (d, _), b in ssd_fused_launch._SYNC.items() if d == dev]
+    assert len(kept) >= 2  # this test's two streams
+    assert all(int(b.abs().sum()) == 0 for b in kept)
+    assert_kernel_ran(fused_kernel)
+
+
 def _recorded_launch(monkeypatch, kernel: str) -> tuple:
     """(kernel, args, meta) of one launch of the Triton kernel or of the sm90
     kernel (warp-specialized ranges) on small CPU tensors: the launch is
@@ -577,11 +644,15 @@ def test_launch_key_determines_the_specialization(kernel, monkeypatch):
 
     constexpr = tuple(p.is_constexpr for p in fn.params)
     spec_of_key: dict = {}
+    key_of_fast: dict = {}
     variants = [args, *_one_changed(args, constexpr)]
     for v in variants:
         spec = repr(binder(*v, **meta)[1])
         key = ssd_fused_launch.args_key(Kernel, v)
         assert spec_of_key.setdefault(key, spec) == spec, (key, spec)
+        # launch() looks fast_key up first: it must determine args_key
+        fast = ssd_fused_launch.fast_key(Kernel, v)
+        assert key_of_fast.setdefault(fast, key) == key, (fast, key)
     # the variants did reach different specializations
     assert len(set(spec_of_key.values())) > len(variants) // 4
 
@@ -592,10 +663,19 @@ def test_launch_key_determines_the_specialization(kernel, monkeypatch):
     '(and CUDA_VISIBLE_DEVICES="") to run it on the CPU.',
 )
 @pytest.mark.parametrize("scatter,intermediate", [(True, False), (False, True)])
-def test_fused_ssd_triton_interpreter(scatter, intermediate):
+def test_fused_ssd_triton_interpreter(scatter, intermediate, monkeypatch):
     """Small fp32 case on CPU tensors under TRITON_INTERPRET=1: several
     sub-blocks per chunk, several head-dim blocks (headdim not a power of
-    two), 2 groups, sequences shorter / equal / longer than the chunk."""
+    two), 2 groups, sequences shorter / equal / longer than the chunk. The
+    launch leaves its flag buffer zeroed (ssd_fused, "Flag buffer")."""
+    buffers = []
+    sync_buffer = ssd_fused_launch.sync_buffer
+
+    def recording_sync_buffer(device, n_programs):
+        buffers.append(sync_buffer(device, n_programs))
+        return buffers[-1]
+
+    monkeypatch.setattr(ssd_fused_launch, "sync_buffer", recording_sync_buffer)
     lens = [5, 32, 45, 70]
     chunk_size = 32
     inp = make_inputs(lens, 4, 24, 2, 16, torch.float32, "cpu", seed=13)
@@ -621,6 +701,7 @@ def test_fused_ssd_triton_interpreter(scatter, intermediate):
     finally:
         ssd_fused._set_launch_config()
     assert not out.isnan().any()
+    assert len(buffers) == 1 and int(buffers[0].abs().sum()) == 0
     ends = [int(e) - 1 for e in cu_chunk[1:]]
     ref_out, ref_final, snap = reference_for(
         inp, cu, D, use_z=True, use_init=True, state_at=set(ends)

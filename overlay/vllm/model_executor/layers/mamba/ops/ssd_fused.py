@@ -122,8 +122,17 @@ from vllm.triton_utils import tl, triton
 # (release is cumulative, so all those stores are visible at GPU scope before
 # the flag).  Consumer: acquire atomic loads of the flag at GPU scope until it
 # is set, a CTA barrier, then the state loads, which use ".cg" (L2, never a
-# possibly stale L1 line).  Flags are zeroed by the host before every launch
-# together with the ticket counter.
+# possibly stale L1 line).
+#
+# Flag buffer.  sync_ptr[0] is the ticket counter, sync_ptr[1] a count of
+# finished programs, sync_ptr[2 + t] the flag of item t.  The buffer is zero
+# when a launch starts and zero again when it ends: after its last flag
+# access (and a CTA barrier) a program counts itself finished with an
+# acq_rel atomic; the program that finds it is the last one has every other
+# program's flag accesses ordered before it, and zeroes the counters and
+# flags (_sync_done).  So the host keeps one zeroed buffer per device and
+# stream and does not clear it per call (ssd_fused_launch.sync_buffer): that
+# cost a memset kernel and, at 1k tokens, a tenth of the host time.
 # ---------------------------------------------------------------------------
 
 
@@ -133,6 +142,20 @@ def _dt_load(dt_ptr, offs_t, clen, stride_dt_seqlen):
     return tl.load(
         dt_ptr + offs_t * stride_dt_seqlen, mask=offs_t < clen, other=0.0
     ).to(tl.float32)
+
+
+@triton.jit
+def _sync_done(sync_ptr):
+    """Count this program finished with the flag buffer (after its last flag
+    access); the last one zeroes the buffer for the next launch ("Flag
+    buffer" above)."""
+    tl.debug_barrier()
+    n = tl.num_programs(0)
+    done = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == n - 1:
+        for i in range(0, n + 2, 1024):
+            offs = i + tl.arange(0, 1024)
+            tl.store(sync_ptr + offs, tl.zeros([1024], tl.int32), mask=offs < n + 2)
 
 
 @triton.jit
@@ -246,8 +269,8 @@ def _ssd_fused_varlen_kernel(
     FINAL_HAS_INDICES: tl.constexpr,
 ):
     NHB: tl.constexpr = nheads * NUM_P_BLOCKS
-    # sync_ptr[0] is the ticket counter, sync_ptr[1 + c * NHB + hb] the flag
-    # of item (c, hb).
+    # sync_ptr[0] is the ticket counter, sync_ptr[2 + c * NHB + hb] the flag
+    # of item (c, hb) ("Flag buffer" above).
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed").to(tl.int64)
     c = ticket // NHB
     hb = ticket % NHB
@@ -340,7 +363,7 @@ def _ssd_fused_varlen_kernel(
         else:
             s_prev = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     else:
-        flag_prev = sync_ptr + 1 + (c - 1) * NHB + hb
+        flag_prev = sync_ptr + 2 + (c - 1) * NHB + hb
         ready = tl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
         while ready == 0:
             ready = tl.atomic_add(flag_prev, 0, sem="acquire", scope="gpu")
@@ -376,7 +399,7 @@ def _ssd_fused_varlen_kernel(
             cache_modifier=".cg",
         )
         tl.debug_barrier()
-        tl.atomic_xchg(sync_ptr + 1 + c * NHB + hb, 1, sem="release", scope="gpu")
+        tl.atomic_xchg(sync_ptr + 2 + c * NHB + hb, 1, sem="release", scope="gpu")
     if WRITE_INTER:
         tl.store(
             inter_ptr
@@ -387,6 +410,9 @@ def _ssd_fused_varlen_kernel(
             s_end.to(inter_ptr.dtype.element_ty),
             mask=state_mask,
         )
+
+    # (this program's last flag access is behind it)
+    _sync_done(sync_ptr)
 
     # ---- D: outputs -----------------------------------------------------------
     if HAS_D:
@@ -455,17 +481,17 @@ def _ssd_fused_varlen_kernel(
 # wgmma) wherever ssd_fused_sm90.supports() holds and the prefill has at least
 # SM90_MIN_TOKEN_HEADS tokens x heads; tests and benchmarks set
 # USE_SM90_KERNEL to False to run the Triton kernel below on the same inputs.
-# The threshold: the Gluon launch costs more host time (four TMA descriptors;
-# with ssd_fused_launch 85-105 us per call against the Triton form's 52-58 us
-# on the H200 host), which outweighs its lower GPU time while a call is
-# host-bound. Back to back, us per call Gluon / Triton (the stack's
-# results/ssd_fused_launch-h200): 1k tokens 94-121 / 58-81 at 80-128 heads;
-# 2k 94-102 / 122 (granite, 1 sequence), 94-97 / 146 (Nemotron-H, 8); 4k
-# 95-107 / 153-230.
+# The threshold: the Gluon launch costs more host time (four TMA descriptors
+# and Triton's launcher expanding them: median 69 us per call against the
+# Triton form's 41 on the H200's host), which outweighs its lower GPU time
+# while a call is host-bound. Back to back, us per call Gluon / Triton (the
+# stack's results/ssd_fused_host-h200): at 1k tokens x 128 heads (2**17)
+# 67-77 / 67-83 (granite, Nemotron-H; the Triton form GPU-bound there), at
+# 1k x 80 heads 67-99 / 57-58; at 2k tokens 64-119 / 91-125.
 # By default only under the Triton release the Gluon form has run with
 # (ssd_fused_sm90.TESTED_HERE); the tests set it to True to check another.
 USE_SM90_KERNEL = ssd_fused_sm90.TESTED_HERE
-SM90_MIN_TOKEN_HEADS = 1 << 18
+SM90_MIN_TOKEN_HEADS = 1 << 17
 
 
 def use_sm90_kernel(
@@ -749,11 +775,9 @@ def _mamba_chunk_scan_fused_fwd(
         params = _launch_params(chunk_size, headdim, dstate, x.dtype)
         n_items = nchunks * nheads * params["NUM_P_BLOCKS"]
         # a chunk-end state per chunk and head (each BLOCK_P slice its own
-        # part) and the zeroed ticket counter and flags
-        ws = torch.empty(
-            (nchunks, nheads, headdim, dstate), device=device, dtype=torch.float32
-        )
-        sync = torch.zeros(1 + n_items, device=device, dtype=torch.int32)
+        # part) and the flag buffer ("Flag buffer" above)
+        ws = ssd_fused_launch.workspace(device, nchunks * nheads * headdim * dstate)
+        sync = ssd_fused_launch.sync_buffer(device, n_items)
         args = (
             x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
             final, final_state_indices, cu_chunk_seqlens, seq_idx,

@@ -10,7 +10,10 @@ launches that (``CompiledKernel[grid]``); on a miss it takes the kernel from
 ``JITFunction.warmup`` with the same arguments, which compiles it if needed.
 Measured on the H200's host (the stack's results/ssd_fused_launch-h200), host
 time per fused prefill call at 1k-4k tokens: the Triton kernel 63-98 -> 52-87
-us, the sm_90 kernel 117-189 -> 85-122 us (their GPU time: 29-230 us).
+us, the sm_90 kernel 117-189 -> 85-122 us (their GPU time: 29-230 us). It
+first looks under ``fast_key`` (ints by value, no Python step per argument)
+and keeps the flag buffer and workspace per stream (``sync_buffer``,
+``workspace``): median 41 and 69 us (results/ssd_fused_host-h200).
 
 The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
@@ -24,7 +27,8 @@ instrumentation knobs, pre-run hooks) is read at a key's first launch only;
 launch hooks (``knobs.runtime.launch_enter_hook``) run on every launch.
 """
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -32,6 +36,14 @@ import torch
 from vllm.triton_utils import triton
 
 _KERNELS: dict[Hashable, tuple[Any, tuple]] = {}
+# the same kernels under fast_key (at most FAST_KEYS, then cleared)
+_FAST: dict[Hashable, tuple[Any, tuple]] = {}
+FAST_KEYS = 4096
+# per kernel and argument types: getters of its arguments keyed by value
+# (constexprs, ints), of its tensors and of the others (fast_key); never
+# cleared, so that a split's id stands for its kernel and types
+_SPLITS: dict[Hashable, tuple[Callable, Callable, Callable]] = {}
+_dtype = attrgetter("dtype")
 # per kernel: which of its parameters are constexprs (keyed by value)
 _CONSTEXPR: dict[Any, tuple[bool, ...]] = {}
 
@@ -79,6 +91,50 @@ def args_key(fn: Any, args: tuple) -> Hashable:
     )
 
 
+def _getter(positions: list[int]) -> Callable[[tuple], tuple]:
+    """The arguments at these positions, as a tuple (an itemgetter)."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    return lambda args: tuple(args[i] for i in positions)
+
+
+def fast_key(fn: Any, args: tuple) -> Hashable:
+    """A key that determines ``args_key(fn, args)``, built without a Python
+    step per argument: the arguments' types, the ints by value, and the
+    dtype and 16-byte alignment of each tensor; constexprs and any other
+    argument by value (as in args_key); floats and None by type. Where
+    args_key has one key for every value class of an int, this has one per
+    value, so launch() keeps at most FAST_KEYS of them."""
+    types = tuple(map(type, args))
+    split = _SPLITS.get((fn, types))
+    if split is None:
+        constexpr = _CONSTEXPR.get(fn)
+        if constexpr is None:
+            constexpr = _CONSTEXPR[fn] = tuple(p.is_constexpr for p in fn.params)
+        values, tensors, others = [], [], []
+        for i, (t, c) in enumerate(zip(types, constexpr)):
+            if c or t is int:
+                values.append(i)
+            elif issubclass(t, torch.Tensor):
+                tensors.append(i)
+            elif t is not float and t is not type(None):
+                others.append(i)
+        split = _SPLITS[(fn, types)] = (
+            _getter(values),
+            _getter(tensors),
+            _getter(others),
+        )
+    get_values, get_tensors, get_others = split
+    tensors = get_tensors(args)
+    return (
+        id(split),
+        get_values(args),
+        tuple(map(_dtype, tensors)),
+        tuple([t.data_ptr() % 16 == 0 for t in tensors]),
+        tuple([_other_key(a) for a in get_others(args)]),
+    )
+
+
 def launch_key(fn: Any, args: tuple, meta: dict[str, Any]) -> Hashable:
     """The compiled kernel of ``fn[grid](*args, **meta)`` on the current
     device is the same for every call with this key."""
@@ -90,6 +146,63 @@ def launch_key(fn: Any, args: tuple, meta: dict[str, Any]) -> Hashable:
     )
 
 
+# Per (device, stream): the fused kernels' flag buffer, which every launch
+# leaves zeroed (ssd_fused, "Flag buffer"), and their fp32 state workspace,
+# which a launch writes before it reads it; kept across calls (zeroing the
+# flags cost a memset kernel and, with the workspace's allocation, 15 us of
+# host time per call on the H200's host). One per stream, so that launches on
+# two streams never share one. Under CUDA graph capture each launch gets its
+# own (the graph's memory: a kept buffer would be shared by graph replays
+# and eager calls on other streams).
+_SYNC: dict[tuple[int, int], torch.Tensor] = {}
+_WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}
+# fp32 elements; a larger workspace (the Triton form's, one state per chunk
+# and head: 32 KB each at 64 x 128) is allocated per call
+WORKSPACE_CACHE_MAX = 1 << 23
+
+
+def _stream_key(device: torch.device) -> tuple[int, int] | None:
+    """(device, current stream) where buffers may be kept; None where not (a
+    CPU device: the Triton interpreter; CUDA graph capture)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    index = device.index
+    if index is None:
+        index = torch.cuda.current_device()
+    return index, triton.runtime.driver.active.get_current_stream(index)
+
+
+def sync_buffer(device: torch.device, n_programs: int) -> torch.Tensor:
+    """The zeroed int32 flag buffer for a launch of n_programs programs: the
+    ticket counter, the count of finished programs and a flag per program
+    (at least 2 + n_programs entries); the launch leaves it zeroed."""
+    need = 2 + n_programs
+    key = _stream_key(device)
+    if key is None:
+        return torch.zeros(need, device=device, dtype=torch.int32)
+    buf = _SYNC.get(key)
+    if buf is None or buf.shape[0] < need:
+        # (a buffer it replaces is freed in stream order, after the launches
+        # that use it)
+        buf = _SYNC[key] = torch.zeros(
+            max(need, 4096), device=device, dtype=torch.int32
+        )
+    return buf
+
+
+def workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """An fp32 buffer of at least numel elements (flat, uninitialized)."""
+    key = _stream_key(device) if numel <= WORKSPACE_CACHE_MAX else None
+    if key is None:
+        return torch.empty(numel, device=device, dtype=torch.float32)
+    buf = _WORKSPACE.get(key)
+    if buf is None or buf.shape[0] < numel:
+        buf = _WORKSPACE[key] = torch.empty(
+            max(numel, 1 << 20), device=device, dtype=torch.float32
+        )
+    return buf
+
+
 def launch(fn: Any, grid: int, args: tuple, meta: dict[str, Any]) -> None:
     """``fn[(grid,)](*args, **meta)``: the kernel's constexpr arguments in
     ``meta`` by name (with launch options such as num_warps), the others in
@@ -98,14 +211,24 @@ def launch(fn: Any, grid: int, args: tuple, meta: dict[str, Any]) -> None:
         # the Triton interpreter, or a stand-in recording the launch
         fn[(grid,)](*args, **meta)
         return
-    key = launch_key(fn, args, meta)
-    hit = _KERNELS.get(key)
+    fast = (
+        triton.runtime.driver.active.get_current_device(),
+        fast_key(fn, args),
+        tuple(meta.items()),
+    )
+    hit = _FAST.get(fast)
     if hit is None:
-        kernel = fn.warmup(*args, grid=(grid,), **meta)
-        if hasattr(kernel, "result"):  # compiled asynchronously
-            kernel = kernel.result()
-        # the constexpr arguments, positionally after args
-        constexprs = tuple(meta[name] for name in fn.arg_names[len(args) :])
-        hit = _KERNELS[key] = (kernel, constexprs)
+        key = launch_key(fn, args, meta)
+        hit = _KERNELS.get(key)
+        if hit is None:
+            kernel = fn.warmup(*args, grid=(grid,), **meta)
+            if hasattr(kernel, "result"):  # compiled asynchronously
+                kernel = kernel.result()
+            # the constexpr arguments, positionally after args
+            constexprs = tuple(meta[name] for name in fn.arg_names[len(args) :])
+            hit = _KERNELS[key] = (kernel, constexprs)
+        if len(_FAST) >= FAST_KEYS:
+            _FAST.clear()
+        _FAST[fast] = hit
     kernel, constexprs = hit
     kernel[(grid, 1, 1)](*args, *constexprs)

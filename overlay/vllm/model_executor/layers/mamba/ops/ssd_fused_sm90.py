@@ -187,15 +187,27 @@ def supports(
         return False
     for t, inner in ((x, headdim), (B, dstate), (C, dstate), (out, headdim)):
         # TMA views (tokens, heads * headdim) / (tokens, groups * dstate):
-        # unit inner strides, 16-byte aligned base and row stride.
-        if t.dtype != torch.bfloat16 or t.stride(2) != 1 or t.stride(1) != inner:
+        # bf16, unit inner strides, 16-byte aligned base and row stride (8
+        # elements).
+        st = t.stride()
+        if t.dtype != torch.bfloat16 or st[2] != 1 or st[1] != inner or st[0] % 8:
             return False
-        if t.data_ptr() % 16 != 0 or (t.stride(0) * t.element_size()) % 16 != 0:
+        if t.data_ptr() % 16:
             return False
     return True
 
 
 if HAS_GLUON:
+
+    class _TmaView(TensorDescriptor):
+        """A TensorDescriptor without the argument checks it runs when built
+        (most of the 12 us of host time the four took per call on the H200's
+        host): launch() builds them only for views supports() has checked
+        (bf16, unit inner stride, 16-byte aligned base and rows)."""
+
+        def __post_init__(self) -> None:
+            pass
+
     _BLOCK_M = gl.constexpr(BLOCK_M)
     # CTA-wide barrier: thread_barrier in 3.6, barrier from 3.8 on
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -563,7 +575,7 @@ if HAS_GLUON:
     ):
         """The fp32 state work item ``item`` handed over in the workspace
         (after its flag is set; see ssd_fused for the memory ordering)."""
-        flag = sync_ptr + 1 + item
+        flag = sync_ptr + 2 + item
         ready = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
         while ready == 0:
             ready = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
@@ -578,7 +590,25 @@ if HAS_GLUON:
         N: gl.constexpr = s.shape[1]
         gl.store(_ws_ptrs(ws_ptr, item, P, N, layout), s, cache_modifier=".cg")
         _cta_barrier()
-        gl.atomic_xchg(sync_ptr + 1 + item, 1, sem="release", scope="gpu")
+        gl.atomic_xchg(sync_ptr + 2 + item, 1, sem="release", scope="gpu")
+
+    @gluon.jit
+    def _sync_done(sync_ptr):
+        """Count this program finished with the flag buffer (after its last
+        flag access, on the warps that made them); the last one zeroes the
+        buffer for the next launch (ssd_fused, "Flag buffer")."""
+        _cta_barrier()
+        n = gl.num_programs(0)
+        done = gl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == n - 1:
+            offs0 = gl.arange(0, 512, layout=_VEC)
+            for i in range(0, n + 2, 512):
+                offs = i + offs0
+                gl.store(
+                    sync_ptr + offs,
+                    gl.zeros([512], gl.int32, _VEC),
+                    mask=offs < n + 2,
+                )
 
     @gluon.jit
     def _load_D(
@@ -1395,6 +1425,8 @@ if HAS_GLUON:
             HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER, WRITE_FINAL,
             FINAL_HAS_INDICES,
         )  # fmt: skip
+        # (the program's flag accesses are this partition's)
+        _sync_done(sync_ptr)
 
     @gluon.jit
     def _ws_output_run(
@@ -1682,6 +1714,7 @@ if HAS_GLUON:
                 stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr, NB,
                 HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES,
             )  # fmt: skip
+            _sync_done(sync_ptr)
             offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
             offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
 
@@ -1826,6 +1859,7 @@ if HAS_GLUON:
                     )  # fmt: skip
             else:
                 _hand_over(ws_ptr, sync_ptr, c * nheads + h, s_end, mma_s)
+            _sync_done(sync_ptr)
             if WRITE_INTER:
                 _store_state(
                     inter_ptr + c * stride_inter_c + h * stride_inter_h,
@@ -1954,10 +1988,10 @@ def launch(
     """Launch the run kernel (warp-specialized: ``ws_programs`` ranges; on
     one warpgroup: ``run_length`` runs; RUN_CHUNKS = 0: the chunk-program
     kernel); argument checks and the state outputs (and D with a unit last
-    stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s. It allocates
-    what the hand-overs need: one fp32 (P, N) state per work item (a run,
-    a range or, for the chunk-program kernel, a chunk of a head) and the
-    zeroed int32 ticket counter and flags, 1 + items."""
+    stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s. It takes
+    what the hand-overs need from ssd_fused_launch (kept per stream): one
+    fp32 (P, N) state per work item (a run, a range or, for the
+    chunk-program kernel, a chunk of a head) and the flag buffer."""
     seqlen, nheads, headdim = x.shape
     _, ngroups, dstate = B.shape
     n_chunks = cu_chunk_seqlens.shape[0] - 1
@@ -1971,14 +2005,14 @@ def launch(
             slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
             run = run_length(n_chunks, nheads, slots)
         n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
-    ws = torch.empty((n_items, headdim, dstate), device=x.device, dtype=torch.float32)
-    sync = torch.zeros(1 + n_items, device=x.device, dtype=torch.int32)
+    ws = ssd_fused_launch.workspace(x.device, n_items * headdim * dstate)
+    sync = ssd_fused_launch.sync_buffer(x.device, n_items)
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
-    def rows_desc(t: torch.Tensor, width: int, layout) -> "TensorDescriptor":
+    def rows_desc(t: torch.Tensor, width: int, layout) -> "_TmaView":
         """The (tokens, n, width) tensor t as a 2-D (tokens, n * width) TMA
         view, read in (BLOCK_M, width) boxes."""
-        return TensorDescriptor(
+        return _TmaView(
             t, [seqlen, t.shape[1] * width], [t.stride(0), 1], [BLOCK_M, width], layout
         )
 
