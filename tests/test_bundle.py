@@ -381,6 +381,22 @@ def test_runner_shards_split_a_selection(tmp_path: Path):
     assert sorted(ran) == sorted([f"test_p[{i}]" for i in range(7)] + ["test_q"])
 
 
+def test_runner_runs_the_test_ids_given_in_one_step():
+    """Test ids given as selections run in one pytest (where the first one
+    stands), selection names each in their own; unknown names are refused."""
+    run = load_runner(bundle.DATA_DIR)
+    manifest = {"selections": {"quick": ["tests/a.py"]}}
+    ids = ["conftest.py::test_a", "hybrid_stack_shard.py::test_b[x]", "conftest.py::test_c"]
+    got = run.resolve(manifest, [ids[0], "quick", ids[1], ids[2]])
+    assert got == [("conftest.py::test_a and 2 more", ids), ("quick", ["tests/a.py"])]
+    assert run.resolve(manifest, ["quick", ids[1]]) == [
+        ("quick", ["tests/a.py"]),
+        (ids[1], [ids[1]]),
+    ]
+    with pytest.raises(run.RunError, match="unknown selection 'nope'"):
+        run.resolve(manifest, [ids[0], "nope"])
+
+
 def test_runner_rejects_a_bad_shard(capsys: pytest.CaptureFixture):
     run = load_runner(bundle.DATA_DIR)
     for bad in ("3/2", "0/2", "1", "a/b", "1/0"):

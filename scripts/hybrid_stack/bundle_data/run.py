@@ -68,20 +68,27 @@ def load_manifest() -> dict[str, Any]:
 
 
 def resolve(manifest: dict[str, Any], names: list[str]) -> list[tuple[str, list[str]]]:
-    """Selection names / bundled test paths -> [(label, pytest ids)]."""
+    """Selection names / bundled test paths -> [(label, pytest ids)]: a step per
+    selection name, and one step, where the first of them stands, for all the
+    test paths (one pytest run: a run per id would pay pytest's and the
+    workers' start-up, and each id's Triton compiles, once per id)."""
     sels = manifest["selections"]
-    out = []
+    out: list[tuple[str, list[str]]] = []
+    ids: list[str] = []
     for name in names:
         if name in sels:
             out.append((name, list(sels[name])))
         elif (HERE / name.split("::")[0]).is_file():
-            out.append((name, [name]))
+            if not ids:
+                out.append(("", ids))
+            ids.append(name)
         else:
             raise RunError(
                 f"unknown selection '{name}': use one of {', '.join(sels)} or a test "
                 "path inside the bundle (python run.py --list)"
             )
-    return out
+    label = ids[0] if len(ids) == 1 else f"{ids[0] if ids else ''} and {len(ids) - 1} more"
+    return [(name or label, sel) for name, sel in out]
 
 
 def check_python(manifest: dict[str, Any]) -> None:
