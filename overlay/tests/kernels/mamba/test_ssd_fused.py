@@ -669,13 +669,14 @@ def test_fused_ssd_triton_interpreter(scatter, intermediate, monkeypatch):
     two), 2 groups, sequences shorter / equal / longer than the chunk. The
     launch leaves its flag buffer zeroed (ssd_fused, "Flag buffer")."""
     buffers = []
-    sync_buffer = ssd_fused_launch.sync_buffer
+    scratch = ssd_fused_launch.scratch
 
-    def recording_sync_buffer(device, n_programs):
-        buffers.append(sync_buffer(device, n_programs))
-        return buffers[-1]
+    def recording_scratch(device, ws_numel, n_programs):
+        ws, sync = scratch(device, ws_numel, n_programs)
+        buffers.append(sync)
+        return ws, sync
 
-    monkeypatch.setattr(ssd_fused_launch, "sync_buffer", recording_sync_buffer)
+    monkeypatch.setattr(ssd_fused_launch, "scratch", recording_scratch)
     lens = [5, 32, 45, 70]
     chunk_size = 32
     inp = make_inputs(lens, 4, 24, 2, 16, torch.float32, "cpu", seed=13)

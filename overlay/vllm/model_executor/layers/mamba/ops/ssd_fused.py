@@ -131,7 +131,7 @@ from vllm.triton_utils import tl, triton
 # acq_rel atomic; the program that finds it is the last one has every other
 # program's flag accesses ordered before it, and zeroes the counters and
 # flags (_sync_done).  So the host keeps one zeroed buffer per device and
-# stream and does not clear it per call (ssd_fused_launch.sync_buffer): that
+# stream and does not clear it per call (ssd_fused_launch.scratch): that
 # cost a memset kernel and, at 1k tokens, a tenth of the host time.
 # ---------------------------------------------------------------------------
 
@@ -776,8 +776,9 @@ def _mamba_chunk_scan_fused_fwd(
         n_items = nchunks * nheads * params["NUM_P_BLOCKS"]
         # a chunk-end state per chunk and head (each BLOCK_P slice its own
         # part) and the flag buffer ("Flag buffer" above)
-        ws = ssd_fused_launch.workspace(device, nchunks * nheads * headdim * dstate)
-        sync = ssd_fused_launch.sync_buffer(device, n_items)
+        ws, sync = ssd_fused_launch.scratch(
+            device, nchunks * nheads * headdim * dstate, n_items
+        )
         args = (
             x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
             final, final_state_indices, cu_chunk_seqlens, seq_idx,

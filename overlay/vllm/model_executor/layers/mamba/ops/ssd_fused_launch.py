@@ -12,8 +12,8 @@ Measured on the H200's host (the stack's results/ssd_fused_launch-h200), host
 time per fused prefill call at 1k-4k tokens: the Triton kernel 63-98 -> 52-87
 us, the sm_90 kernel 117-189 -> 85-122 us (their GPU time: 29-230 us). It
 first looks under ``fast_key`` (ints by value, no Python step per argument)
-and keeps the flag buffer and workspace per stream (``sync_buffer``,
-``workspace``): median 41 and 69 us (results/ssd_fused_host-h200).
+and keeps the flag buffer and workspace per stream (``scratch``): median
+41 and 69 us (results/ssd_fused_host-h200).
 
 The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
@@ -66,13 +66,19 @@ def _other_key(a: Any) -> Hashable:
     return a
 
 
+def _constexpr(fn: Any) -> tuple[bool, ...]:
+    """Which of fn's parameters are constexprs (cached per kernel)."""
+    constexpr = _CONSTEXPR.get(fn)
+    if constexpr is None:
+        constexpr = _CONSTEXPR[fn] = tuple(p.is_constexpr for p in fn.params)
+    return constexpr
+
+
 def args_key(fn: Any, args: tuple) -> Hashable:
     """What decides Triton's specialization of ``fn`` for ``args`` (the
     arguments before its meta ones): calls with equal keys are specialized
     alike."""
-    constexpr = _CONSTEXPR.get(fn)
-    if constexpr is None:
-        constexpr = _CONSTEXPR[fn] = tuple(p.is_constexpr for p in fn.params)
+    constexpr = _constexpr(fn)
     # one expression per argument, no call per argument: this is host time on
     # every launch
     return tuple(
@@ -108,11 +114,8 @@ def fast_key(fn: Any, args: tuple) -> Hashable:
     types = tuple(map(type, args))
     split = _SPLITS.get((fn, types))
     if split is None:
-        constexpr = _CONSTEXPR.get(fn)
-        if constexpr is None:
-            constexpr = _CONSTEXPR[fn] = tuple(p.is_constexpr for p in fn.params)
         values, tensors, others = [], [], []
-        for i, (t, c) in enumerate(zip(types, constexpr)):
+        for i, (t, c) in enumerate(zip(types, _constexpr(fn))):
             if c or t is int:
                 values.append(i)
             elif issubclass(t, torch.Tensor):
@@ -172,35 +175,43 @@ def _stream_key(device: torch.device) -> tuple[int, int] | None:
     return index, triton.runtime.driver.active.get_current_stream(index)
 
 
-def sync_buffer(device: torch.device, n_programs: int) -> torch.Tensor:
-    """The zeroed int32 flag buffer for a launch of n_programs programs: the
-    ticket counter, the count of finished programs and a flag per program
-    (at least 2 + n_programs entries); the launch leaves it zeroed."""
-    need = 2 + n_programs
-    key = _stream_key(device)
+def _kept(
+    kept: dict[tuple[int, int], torch.Tensor],
+    key: tuple[int, int] | None,
+    device: torch.device,
+    numel: int,
+    dtype: torch.dtype,
+    zeroed: bool,
+    floor: int,
+) -> torch.Tensor:
+    """A flat buffer of at least numel elements: the one kept under key
+    (replaced by one of at least floor elements where too small), or a new
+    one where key is None."""
+    new = torch.zeros if zeroed else torch.empty
     if key is None:
-        return torch.zeros(need, device=device, dtype=torch.int32)
-    buf = _SYNC.get(key)
-    if buf is None or buf.shape[0] < need:
+        return new(numel, device=device, dtype=dtype)
+    buf = kept.get(key)
+    if buf is None or buf.shape[0] < numel:
         # (a buffer it replaces is freed in stream order, after the launches
         # that use it)
-        buf = _SYNC[key] = torch.zeros(
-            max(need, 4096), device=device, dtype=torch.int32
-        )
+        buf = kept[key] = new(max(numel, floor), device=device, dtype=dtype)
     return buf
 
 
-def workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """An fp32 buffer of at least numel elements (flat, uninitialized)."""
-    key = _stream_key(device) if numel <= WORKSPACE_CACHE_MAX else None
-    if key is None:
-        return torch.empty(numel, device=device, dtype=torch.float32)
-    buf = _WORKSPACE.get(key)
-    if buf is None or buf.shape[0] < numel:
-        buf = _WORKSPACE[key] = torch.empty(
-            max(numel, 1 << 20), device=device, dtype=torch.float32
-        )
-    return buf
+def scratch(
+    device: torch.device, ws_numel: int, n_programs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a launch of n_programs programs hands states over through: an
+    fp32 workspace of at least ws_numel elements (flat, uninitialized) and
+    the zeroed int32 flag buffer (the ticket counter, the count of finished
+    programs and a flag per program: at least 2 + n_programs entries), which
+    the launch leaves zeroed."""
+    key = _stream_key(device)
+    ws_key = key if ws_numel <= WORKSPACE_CACHE_MAX else None
+    return (
+        _kept(_WORKSPACE, ws_key, device, ws_numel, torch.float32, False, 1 << 20),
+        _kept(_SYNC, key, device, 2 + n_programs, torch.int32, True, 4096),
+    )
 
 
 def launch(fn: Any, grid: int, args: tuple, meta: dict[str, Any]) -> None:

@@ -2005,8 +2005,7 @@ def launch(
             slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
             run = run_length(n_chunks, nheads, slots)
         n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
-    ws = ssd_fused_launch.workspace(x.device, n_items * headdim * dstate)
-    sync = ssd_fused_launch.sync_buffer(x.device, n_items)
+    ws, sync = ssd_fused_launch.scratch(x.device, n_items * headdim * dstate, n_items)
     row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
 
     def rows_desc(t: torch.Tensor, width: int, layout) -> "_TmaView":
