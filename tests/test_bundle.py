@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 
 from hybrid_stack import bundle
-from hybrid_stack.bench import common
+from hybrid_stack.bench import common, ssd_prefill
 from hybrid_stack.cli import main
 from hybrid_stack.errors import StackError
 from hybrid_stack.stack import load_stack
@@ -397,6 +397,29 @@ def test_runner_runs_the_test_ids_given_in_one_step():
         run.resolve(manifest, [ids[0], "nope"])
 
 
+def test_runner_forwards_benchmark_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """--bench-arg reaches the benchmark's command line; a result named
+    <bench>_<mode>-<gpu>.json (ssd_prefill's A/B mode) is found."""
+    run = load_runner(bundle.DATA_DIR)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "demo.py").write_text(
+        "import json, pathlib, sys\n"
+        "print('argv', *sys.argv[1:])\n"
+        "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "(out / 'demo_ab-h200.json').write_text(json.dumps({'rows': [{'ratio': 1.25}]}))\n"
+    )
+    monkeypatch.setattr(run, "HERE", tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    extra = ["--variant=v1=/tmp/v1.py", "--cases", "mamba2-2.7b:16k:1"]
+    args = argparse.Namespace(out=out, bench_quick=True, bench_arg=extra, timeout=60)
+    res = run.run_bench("demo", args, dict(os.environ), "python run.py --bench demo")
+    assert res["rc"] == 0
+    log = (out / "bench-demo.log").read_text()
+    assert f"argv --out {out} --quick {' '.join(extra)}" in log
+    assert res["json"] == str(out / "demo_ab-h200.json") and res["min_ratio"] == 1.25
+
+
 def test_runner_rejects_a_bad_shard(capsys: pytest.CaptureFixture):
     run = load_runner(bundle.DATA_DIR)
     for bad in ("3/2", "0/2", "1", "a/b", "1/0"):
@@ -502,6 +525,15 @@ def test_result_rows_and_files(tmp_path: Path, capsys: pytest.CaptureFixture):
     assert "tokens" in capsys.readouterr().out.splitlines()[-3]
 
 
+def test_result_legend_names_the_baseline():
+    result = fake_result()
+    assert common.LEGEND in common.markdown(result)
+    legend = "`baseline` is the committed fused kernel, `value` the variant."
+    md = common.markdown(dict(result, legend=legend))
+    assert legend in md and common.LEGEND not in md
+    assert "- legend" not in md  # the legend is the footer, not a header line
+
+
 def test_committed_results_follow_the_schema():
     results = sorted((ROOT / "results").glob("*.json"))
     for path in results:
@@ -577,3 +609,81 @@ def test_paired_timer_interleaves_samples_and_pairs_slow_phases(
     order.clear()
     assert timer.median_ms(work("b", 2.0), warmup=1, reps=5) == pytest.approx(2.0)
     assert "".join(order).split("|")[1:] == ["bbb"] * 5
+
+
+# --- ssd_prefill: case selection and A/B variants ------------------------------
+
+
+def test_ssd_prefill_cases_parse_and_bad_ones_are_usage_errors(capsys: pytest.CaptureFixture):
+    assert ssd_prefill.parse_case("mamba2-2.7b:16k:1") == ("mamba2-2.7b", 16384, 1)
+    assert ssd_prefill.parse_case("nemotron-h-8b:4096:8") == ("nemotron-h-8b", 4096, 8)
+    bad = ("mamba2:16k:1", "mamba2-2.7b:16k", "mamba2-2.7b:16m:1", "mamba2-2.7b:16k:0")
+    for text in (*bad, "mamba2-2.7b:16k:x", "mamba2-2.7b:16k:1:2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="DIMS:TOKENS:SEQS"):
+            ssd_prefill.parse_case(text)
+    with pytest.raises(SystemExit) as e:  # a usage error before torch is imported
+        ssd_prefill.main(["--cases", "mamba2-2.7b:16k"])
+    assert e.value.code == 2 and "DIMS:TOKENS:SEQS" in capsys.readouterr().err
+    # without --cases: every dims x tokens x sequences, in the order the
+    # inputs are drawn from the one generator (the committed tables' order)
+    assert ssd_prefill.default_cases(["mamba2-2.7b", "nemotron-h-8b"], quick=True) == [
+        (d, t, s) for d in ("mamba2-2.7b", "nemotron-h-8b") for t in (1024, 16384) for s in (1, 8)
+    ]
+
+
+def _fake_entry() -> ModuleType:
+    """A stand-in for the fused entry module: its entry point returns the
+    sm_90 module it sees when called (and fails on request)."""
+    entry = ModuleType("fake_ssd_fused")
+    entry.ssd_fused_sm90 = "committed"  # type: ignore[attr-defined]
+
+    def fused(*args: object, fail: bool = False) -> object:
+        if fail:
+            raise RuntimeError("kernel failed")
+        return entry.ssd_fused_sm90  # type: ignore[attr-defined]
+
+    entry.mamba_chunk_scan_fused_varlen = fused  # type: ignore[attr-defined]
+    return entry
+
+
+def test_ssd_prefill_sm90_variant_stands_in_during_each_call(tmp_path: Path):
+    path = tmp_path / "ssd_fused_sm90_wide.py"
+    path.write_text(
+        "from __future__ import annotations\n"
+        "import dataclasses\n\n\n"
+        "@dataclasses.dataclass\n"
+        "class Plan:\n    rows: int = 64\n\n\n"
+        "def supports(*args):\n    return True\n\n\n"
+        "def launch(*args):\n    pass\n"
+    )
+    entry = _fake_entry()
+    name, fn = ssd_prefill.load_variant(f"wide-1={path}", entry)
+    assert name == "wide-1"
+    active = fn(1, 2)
+    assert active.__file__ == str(path) and active.Plan().rows == 64
+    assert entry.ssd_fused_sm90 == "committed"  # put back after the call
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        fn(fail=True)
+    assert entry.ssd_fused_sm90 == "committed"  # and after a failing one
+
+
+def test_ssd_prefill_entry_variant_is_called_itself(tmp_path: Path):
+    path = tmp_path / "ssd_fused_v.py"
+    path.write_text("def mamba_chunk_scan_fused_varlen(*args):\n    return 'variant', args\n")
+    entry = _fake_entry()
+    name, fn = ssd_prefill.load_variant(f"e={path}", entry)
+    assert (name, fn(3)) == ("e", ("variant", (3,)))
+    assert entry.ssd_fused_sm90 == "committed"
+
+
+def test_ssd_prefill_bad_variants_are_refused(tmp_path: Path):
+    other = tmp_path / "other.py"
+    other.write_text("x = 1\n")
+    for spec, msg in (
+        (str(other), "expected NAME=PATH"),
+        (f"a={tmp_path / 'missing.py'}", "expected NAME=PATH"),
+        (f"a b={other}", "expected NAME=PATH"),
+        (f"a={other}", "has neither mamba_chunk_scan_fused_varlen"),
+    ):
+        with pytest.raises(SystemExit, match=msg):
+            ssd_prefill.load_variant(spec, _fake_entry())

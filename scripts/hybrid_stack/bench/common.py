@@ -283,6 +283,13 @@ def table_lines(result: dict[str, Any], markdown: bool = False) -> list[str]:
     return [fmt.format(*head)] + [fmt.format(*b) for b in body]
 
 
+LEGEND = (
+    "`baseline` is the upstream kernel, `value` the stack's (equal to the baseline "
+    "where the stack carries none); ratio = value / baseline, higher is better; "
+    "times are medians."
+)
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# {result['bench']} on {result.get('gpu_name', result['gpu'])}",
@@ -292,7 +299,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"triton {result['triton']}, CUDA {result.get('cuda', '?')}",
         f"- created {result.get('created', '?')}",
     ]
-    skip = {*SCHEMA_KEYS, "notes", "gpu_name", "cuda", "created"}
+    skip = {*SCHEMA_KEYS, "notes", "gpu_name", "cuda", "created", "legend"}
     lines += [
         f"- {k}: {_fmt(v)}"
         for k, v in result.items()
@@ -301,9 +308,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [f"- {k}: {v}" for k, v in result.get("notes", {}).items()]
     lines += [
         "",
-        "`baseline` is the upstream kernel, `value` the stack's (equal to the "
-        "baseline where the stack carries none); ratio = value / baseline, "
-        "higher is better; times are medians.",
+        result.get("legend", LEGEND),
         "",
         *table_lines(result, markdown=True),
         "",

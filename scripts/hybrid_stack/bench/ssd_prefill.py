@@ -28,6 +28,17 @@ states and their contribution to the output), L = chunk size. Up to
 ``--split-max-tokens`` tokens, where host launch cost can bound a call, each row
 also splits the time of one call into host time (``*_host_ms``: calls issued
 without synchronizing) and GPU time (``*_graph_ms``: CUDA-graph replay).
+``--cases DIMS:TOKENS:SEQS ...`` runs only those cases.
+
+A/B mode (``--variant NAME=PATH``, repeatable): a kernel change measured
+against the committed kernel before it is committed. PATH is a modified copy
+of the entry's sm_90 module (``ssd_fused_sm90.py``: the committed entry runs
+with it in place of its own during each call) or of the entry module
+(``ssd_fused.py``: its ``mamba_chunk_scan_fused_varlen`` is called). Rows
+(bench ``ssd_prefill_ab``): baseline = the committed fused kernel, value =
+the variant, all of them timed interleaved on the same inputs; each variant's
+output and final states are compared with the committed kernel's and counted
+for elements left unwritten (NaN-prefilled).
 """
 
 from __future__ import annotations
@@ -35,8 +46,12 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
 import math
+import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 try:
@@ -45,6 +60,7 @@ except ImportError:  # run as a script from an unpacked bundle
     import common  # type: ignore[no-redef]
 
 BENCH = "ssd_prefill"
+BENCH_AB = "ssd_prefill_ab"
 DIMS: dict[str, dict[str, int]] = {
     "granite-4.0-h-small": {"heads": 128, "headdim": 64, "dstate": 128, "groups": 1, "chunk": 256},
     "mamba2-2.7b": {"heads": 80, "headdim": 64, "dstate": 128, "groups": 1, "chunk": 256},
@@ -58,6 +74,66 @@ TOKENS = {
 SEQS = (1, 8)
 FUSED_MODULE = "vllm.model_executor.layers.mamba.ops.ssd_fused"
 FUSED_NAME = "mamba_chunk_scan_fused_varlen"
+
+
+def parse_case(text: str) -> tuple[str, int, int]:
+    """A ``--cases`` item, DIMS:TOKENS:SEQS (tokens as a count or with a k
+    suffix: 16k = 16384)."""
+    parts = text.split(":")
+    m = re.fullmatch(r"(\d+)(k?)", parts[1]) if len(parts) == 3 else None
+    if m is None or parts[0] not in DIMS or not parts[2].isdigit() or int(parts[2]) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected DIMS:TOKENS:SEQS with DIMS one of {', '.join(DIMS)}"
+        )
+    tokens = int(m.group(1)) << (10 if m.group(2) else 0)
+    return parts[0], tokens, int(parts[2])
+
+
+def default_cases(dims: list[str], quick: bool) -> list[tuple[str, int, int]]:
+    return [
+        (d, tokens, seqs)
+        for d in dims
+        for tokens in (TOKENS[d][:2] if quick else TOKENS[d])
+        for seqs in SEQS
+    ]
+
+
+def with_sm90_module(sm90: Any, entry: Any = None) -> Callable[..., Any]:
+    """The fused entry, run with ``sm90`` in place of its ``ssd_fused_sm90``
+    module during each call (the entry looks the module up per call)."""
+    entry = entry if entry is not None else importlib.import_module(FUSED_MODULE)
+    fused = getattr(entry, FUSED_NAME)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        saved = entry.ssd_fused_sm90
+        entry.ssd_fused_sm90 = sm90
+        try:
+            return fused(*args, **kwargs)
+        finally:
+            entry.ssd_fused_sm90 = saved
+
+    return call
+
+
+def load_variant(spec: str, entry: Any = None) -> tuple[str, Callable[..., Any]]:
+    """``--variant NAME=PATH``: the variant's name and the function to time."""
+    name, sep, path = spec.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not Path(path).is_file():
+        raise SystemExit(f"--variant {spec!r}: expected NAME=PATH with PATH an existing file")
+    modname = "_ssd_prefill_variant_" + re.sub(r"\W", "_", name)
+    loader_spec = importlib.util.spec_from_file_location(modname, path)
+    assert loader_spec is not None and loader_spec.loader is not None
+    mod = importlib.util.module_from_spec(loader_spec)
+    sys.modules[modname] = mod  # dataclasses and the JIT look their module up
+    loader_spec.loader.exec_module(mod)
+    if callable(getattr(mod, FUSED_NAME, None)):
+        return name, getattr(mod, FUSED_NAME)
+    if callable(getattr(mod, "launch", None)) and callable(getattr(mod, "supports", None)):
+        return name, with_sm90_module(mod, entry)
+    raise SystemExit(
+        f"--variant {name}: {path} has neither {FUSED_NAME} (a copy of ssd_fused.py) "
+        "nor launch and supports (a copy of ssd_fused_sm90.py)"
+    )
 
 
 def flops_per_token(d: dict[str, int]) -> int:
@@ -204,9 +280,89 @@ class Inputs:
         )
 
 
+def input_sets(d: dict[str, int], tokens: int, seqs: int, gen: Any) -> list[Inputs]:
+    """Enough input sets that one rotation is >= 256 MiB (L2: 60 MB)."""
+    per_token = d["heads"] * (4 * d["headdim"] + 2) + 4 * d["groups"] * d["dstate"]
+    nsets = max(1, min(8, math.ceil((256 << 20) / (tokens * per_token))))
+    return [Inputs(d, tokens, seqs, gen) for _ in range(nsets)]
+
+
 def rel_err(a: Any, b: Any) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def ab_main(
+    args: argparse.Namespace,
+    cases: list[tuple[str, int, int]],
+    fused_fn: Callable[..., Any],
+    variants: list[tuple[str, Callable[..., Any]]],
+    timer: Any,
+    gen: Any,
+    reps: int,
+) -> int:
+    """A/B mode: every variant against the committed fused kernel, their
+    samples interleaved (``Timer.paired_median_ms``) on the same inputs."""
+    import torch
+
+    rows = []
+    for dims, tokens, seqs in cases:
+        sets = input_sets(DIMS[dims], tokens, seqs, gen)
+        s0 = sets[0]
+        s0.run(fused_fn)
+        ref_out, ref_states = s0.out.clone(), s0.states.clone()
+        checks = []
+        for _, fn in variants:
+            s0.out.fill_(float("nan"))
+            s0.states.fill_(float("nan"))
+            s0.run(fn)
+            unwritten = int(s0.out.isnan().sum()) + int(s0.states.isnan().sum())
+            checks.append(
+                {
+                    "out_rel_err": rel_err(s0.out, ref_out),
+                    "state_rel_err": rel_err(s0.states, ref_states),
+                    "nan_outputs": unwritten,
+                }
+            )
+        fns = [rotating(sets, fused_fn)] + [rotating(sets, fn) for _, fn in variants]
+        base_ms, *var_ms = timer.paired_median_ms(fns, reps=reps)
+        for (name, _), check, ms in zip(variants, checks, var_ms):
+            case = {"dims": dims, "tokens": tokens, "seqs": seqs, "variant": name}
+            rows.append(
+                common.make_row(
+                    case,
+                    "tok_per_s",
+                    tokens / (base_ms * 1e-3),
+                    tokens / (ms * 1e-3),
+                    base_ms,
+                    ms,
+                    **check,
+                )
+            )
+            print(
+                f"  {dims} {tokens:7d} tok x {seqs} seq: {name} {base_ms / ms:.3f}x "
+                f"({ms:.4f} against {base_ms:.4f} ms), unwritten {check['nan_outputs']}"
+            )
+        del sets
+        torch.cuda.empty_cache()
+    result = common.make_result(
+        BENCH_AB,
+        rows,
+        timing=timer.method,
+        stack_kernel=f"{FUSED_MODULE}.{FUSED_NAME}",
+        legend="`baseline` is the committed fused kernel, `value` the variant; ratio = "
+        "value / baseline, higher is better; times are medians of interleaved samples.",
+        notes={
+            "variants": ", ".join(args.variant),
+            "checks": "out_rel_err / state_rel_err: the variant's outputs / final states "
+            "against the committed kernel's (relative L2); nan_outputs: elements the "
+            "variant left unwritten (NaN-prefilled)",
+            "inputs": "as bench ssd_prefill: bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, "
+            "no z, no initial states, fp32 final states written to a cache",
+        },
+    )
+    common.finish(result, args)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +375,21 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=4096,
         help="host / GPU time split for cases up to this many tokens (0: none)",
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        type=parse_case,
+        metavar="DIMS:TOKENS:SEQS",
+        help="only these cases (default: every dims x tokens x sequences)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="A/B mode: time this modified copy of ssd_fused_sm90.py or ssd_fused.py "
+        "against the committed fused kernel (repeatable)",
     )
     args = parser.parse_args(argv)
     import torch
@@ -237,68 +408,69 @@ def main(argv: list[str] | None = None) -> int:
     timer = common.Timer()
     gen = torch.Generator(device="cuda").manual_seed(4321)
     rows = []
-    for dims in args.dims:
+    cases = args.cases or default_cases(args.dims, args.quick)
+    if args.variant:
+        if fused_fn is None:
+            raise SystemExit(f"{BENCH_AB}: the committed fused kernel is not importable")
+        variants = [load_variant(v) for v in args.variant]
+        if len({n for n, _ in variants}) < len(variants):
+            raise SystemExit(f"{BENCH_AB}: two variants share a name")
+        return ab_main(args, cases, fused_fn, variants, timer, gen, reps)
+    for dims, tokens, seqs in cases:
         d = DIMS[dims]
-        tokens_list = TOKENS[dims][:2] if args.quick else TOKENS[dims]
-        for tokens in tokens_list:
-            for seqs in SEQS:
-                # enough input sets that one rotation is >= 256 MiB (L2: 60 MB)
-                per_token = d["heads"] * (4 * d["headdim"] + 2) + 4 * d["groups"] * d["dstate"]
-                set_bytes = tokens * per_token
-                nsets = max(1, min(8, math.ceil((256 << 20) / set_bytes)))
-                sets = [Inputs(d, tokens, seqs, gen) for _ in range(nsets)]
-                extra: dict[str, Any] = {}
+        sets = input_sets(d, tokens, seqs, gen)
+        extra: dict[str, Any] = {}
 
-                if fused_fn is None:
-                    base_ms = val_ms = timer.median_ms(rotating(sets, baseline_fn), reps=reps)
-                else:
-                    s0 = sets[0]
-                    s0.run(baseline_fn)
-                    ref_out, ref_states = s0.out.clone(), s0.states.clone()
-                    s0.out.fill_(float("nan"))
-                    s0.states.fill_(float("nan"))
-                    s0.run(fused_fn)
-                    extra["out_rel_err"] = rel_err(s0.out, ref_out)
-                    extra["state_rel_err"] = rel_err(s0.states, ref_states)
-                    base_ms, val_ms = timer.paired_median_ms(
-                        [rotating(sets, baseline_fn), rotating(sets, fused_fn)], reps=reps
-                    )
-                    form = kernel_form(s0)
-                    if form is not None:
-                        extra["value_kernel"] = form
-                    if form in ("sm90", "sm90-runs", "sm90-ws"):
-                        extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
-                    if form in ("sm90-runs", "sm90-ws") or (form == "sm90" and runs_available()):
-                        name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
-                        extra[name] = ms
-                if tokens <= args.split_max_tokens:
-                    for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
-                        if fn is not None:
-                            call = functools.partial(sets[0].run, fn)
-                            extra[f"{side}_host_ms"] = timer.host_ms(call)
-                            extra[f"{side}_graph_ms"] = timer.graph_ms(call)
-                base_tps = tokens / (base_ms * 1e-3)
-                val_tps = tokens / (val_ms * 1e-3)
-                fpt = flops_per_token(d)
-                rows.append(
-                    common.make_row(
-                        {"dims": dims, "tokens": tokens, "seqs": seqs},
-                        "tok_per_s",
-                        base_tps,
-                        val_tps,
-                        base_ms,
-                        val_ms,
-                        baseline_tflops=base_tps * fpt / 1e12,
-                        value_tflops=val_tps * fpt / 1e12,
-                        **extra,
-                    )
-                )
-                print(
-                    f"  {dims} {tokens:7d} tok x {seqs} seq: baseline "
-                    f"{base_tps / 1e6:6.2f}M tok/s, value {val_tps / 1e6:6.2f}M tok/s"
-                )
-                del sets
-                torch.cuda.empty_cache()
+        if fused_fn is None:
+            base_ms = val_ms = timer.median_ms(rotating(sets, baseline_fn), reps=reps)
+        else:
+            s0 = sets[0]
+            s0.run(baseline_fn)
+            ref_out, ref_states = s0.out.clone(), s0.states.clone()
+            s0.out.fill_(float("nan"))
+            s0.states.fill_(float("nan"))
+            s0.run(fused_fn)
+            extra["out_rel_err"] = rel_err(s0.out, ref_out)
+            extra["state_rel_err"] = rel_err(s0.states, ref_states)
+            base_ms, val_ms = timer.paired_median_ms(
+                [rotating(sets, baseline_fn), rotating(sets, fused_fn)], reps=reps
+            )
+            form = kernel_form(s0)
+            if form is not None:
+                extra["value_kernel"] = form
+            if form in ("sm90", "sm90-runs", "sm90-ws"):
+                extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
+            if form in ("sm90-runs", "sm90-ws") or (form == "sm90" and runs_available()):
+                name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
+                extra[name] = ms
+        if tokens <= args.split_max_tokens:
+            for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
+                if fn is not None:
+                    call = functools.partial(sets[0].run, fn)
+                    extra[f"{side}_host_ms"] = timer.host_ms(call)
+                    extra[f"{side}_graph_ms"] = timer.graph_ms(call)
+        base_tps = tokens / (base_ms * 1e-3)
+        val_tps = tokens / (val_ms * 1e-3)
+        fpt = flops_per_token(d)
+        rows.append(
+            common.make_row(
+                {"dims": dims, "tokens": tokens, "seqs": seqs},
+                "tok_per_s",
+                base_tps,
+                val_tps,
+                base_ms,
+                val_ms,
+                baseline_tflops=base_tps * fpt / 1e12,
+                value_tflops=val_tps * fpt / 1e12,
+                **extra,
+            )
+        )
+        print(
+            f"  {dims} {tokens:7d} tok x {seqs} seq: baseline "
+            f"{base_tps / 1e6:6.2f}M tok/s, value {val_tps / 1e6:6.2f}M tok/s"
+        )
+        del sets
+        torch.cuda.empty_cache()
     result = common.make_result(
         BENCH,
         rows,

@@ -354,6 +354,7 @@ def run_bench(
     cmd = [sys.executable, str(script), "--out", str(args.out)]
     if args.bench_quick:
         cmd.append("--quick")
+    cmd += args.bench_arg
     benv = dict(env, HYBRID_STACK_BENCH_COMMAND=command)
     print(f"\n=== benchmark: {name} ===", flush=True)
     start = time.monotonic()
@@ -364,7 +365,8 @@ def run_bench(
         "seconds": round(time.monotonic() - start, 1),
         "log": str(log),
     }
-    found = sorted(args.out.glob(f"{name}-*.json"))
+    # <name>-<gpu>.json, or <name>_<mode>-<gpu>.json (ssd_prefill's A/B mode)
+    found = sorted(args.out.glob(f"{name}-*.json")) or sorted(args.out.glob(f"{name}_*-*.json"))
     if found:
         data = json.loads(found[-1].read_text())
         res["json"] = str(found[-1])
@@ -433,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--bench", action="append", default=[], help="benchmark name or 'all'")
     parser.add_argument("--bench-quick", action="store_true", help="benchmarks' smoke mode")
+    parser.add_argument(
+        "--bench-arg",
+        action="append",
+        default=[],
+        help="extra benchmark argument, e.g. --bench-arg=--cases=mamba2-2.7b:16k:1 "
+        "or --bench-arg=--variant=NAME=PATH (ssd_prefill's A/B mode)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bundle-results"))
     parser.add_argument("-n", "--workers", type=int, default=8, help="pytest-xdist workers")
     parser.add_argument("-k", help="pytest -k expression")
