@@ -621,8 +621,12 @@ def test_ssd_prefill_cases_parse_and_bad_ones_are_usage_errors(capsys: pytest.Ca
     for text in (*bad, "mamba2-2.7b:16k:x", "mamba2-2.7b:16k:1:2"):
         with pytest.raises(argparse.ArgumentTypeError, match="DIMS:TOKENS:SEQS"):
             ssd_prefill.parse_case(text)
+    assert ssd_prefill.parse_cases("mamba2-2.7b:16k:1,granite-4.0-h-small:1k:8") == [
+        ("mamba2-2.7b", 16384, 1),
+        ("granite-4.0-h-small", 1024, 8),
+    ]
     with pytest.raises(SystemExit) as e:  # a usage error before torch is imported
-        ssd_prefill.main(["--cases", "mamba2-2.7b:16k"])
+        ssd_prefill.main(["--cases=mamba2-2.7b:16k:1", "--cases", "mamba2-2.7b:16k,x"])
     assert e.value.code == 2 and "DIMS:TOKENS:SEQS" in capsys.readouterr().err
     # without --cases: every dims x tokens x sequences, in the order the
     # inputs are drawn from the one generator (the committed tables' order)

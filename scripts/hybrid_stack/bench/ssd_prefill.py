@@ -28,7 +28,7 @@ states and their contribution to the output), L = chunk size. Up to
 ``--split-max-tokens`` tokens, where host launch cost can bound a call, each row
 also splits the time of one call into host time (``*_host_ms``: calls issued
 without synchronizing) and GPU time (``*_graph_ms``: CUDA-graph replay).
-``--cases DIMS:TOKENS:SEQS ...`` runs only those cases.
+``--cases DIMS:TOKENS:SEQS[,...]`` (repeatable) runs only those cases.
 
 A/B mode (``--variant NAME=PATH``, repeatable): a kernel change measured
 against the committed kernel before it is committed. PATH is a modified copy
@@ -87,6 +87,11 @@ def parse_case(text: str) -> tuple[str, int, int]:
         )
     tokens = int(m.group(1)) << (10 if m.group(2) else 0)
     return parts[0], tokens, int(parts[2])
+
+
+def parse_cases(text: str) -> list[tuple[str, int, int]]:
+    """A ``--cases`` value: one or more cases, comma-separated."""
+    return [parse_case(item) for item in text.split(",")]
 
 
 def default_cases(dims: list[str], quick: bool) -> list[tuple[str, int, int]]:
@@ -378,10 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cases",
-        nargs="+",
-        type=parse_case,
-        metavar="DIMS:TOKENS:SEQS",
-        help="only these cases (default: every dims x tokens x sequences)",
+        action="extend",
+        type=parse_cases,
+        metavar="DIMS:TOKENS:SEQS[,...]",
+        help="only these cases, comma-separated or repeated (default: every dims x "
+        "tokens x sequences)",
     )
     parser.add_argument(
         "--variant",
