@@ -628,6 +628,9 @@ def test_ssd_prefill_cases_parse_and_bad_ones_are_usage_errors(capsys: pytest.Ca
     with pytest.raises(SystemExit) as e:  # a usage error before torch is imported
         ssd_prefill.main(["--cases=mamba2-2.7b:16k:1", "--cases", "mamba2-2.7b:16k,x"])
     assert e.value.code == 2 and "DIMS:TOKENS:SEQS" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # --dims would be ignored: refused
+        ssd_prefill.main(["--dims", "mamba2-2.7b", "--cases=nemotron-h-8b:1k:1"])
+    assert e.value.code == 2 and "not both" in capsys.readouterr().err
     # without --cases: every dims x tokens x sequences, in the order the
     # inputs are drawn from the one generator (the committed tables' order)
     assert ssd_prefill.default_cases(["mamba2-2.7b", "nemotron-h-8b"], quick=True) == [

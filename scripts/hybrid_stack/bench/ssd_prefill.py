@@ -373,7 +373,9 @@ def ab_main(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_output_args(parser)
-    parser.add_argument("--dims", nargs="*", default=list(DIMS), choices=list(DIMS))
+    parser.add_argument(
+        "--dims", nargs="*", choices=list(DIMS), help="default: all (not with --cases)"
+    )
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument(
         "--split-max-tokens",
@@ -398,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         "against the committed fused kernel (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.cases and args.dims is not None:
+        parser.error("--cases names its dims: give --cases or --dims, not both")
     import torch
     from vllm.model_executor.layers.mamba.ops.ssd_combined import (
         mamba_chunk_scan_combined_varlen as baseline_fn,
@@ -414,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = common.Timer()
     gen = torch.Generator(device="cuda").manual_seed(4321)
     rows = []
-    cases = args.cases or default_cases(args.dims, args.quick)
+    cases = args.cases or default_cases(args.dims or list(DIMS), args.quick)
     if args.variant:
         if fused_fn is None:
             raise SystemExit(f"{BENCH_AB}: the committed fused kernel is not importable")
