@@ -19,7 +19,7 @@ import tarfile
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -694,3 +694,66 @@ def test_ssd_prefill_bad_variants_are_refused(tmp_path: Path):
     ):
         with pytest.raises(SystemExit, match=msg):
             ssd_prefill.load_variant(spec, _fake_entry())
+
+
+class _Vec:
+    """The few tensor methods ssd_prefill's checks use, on a list of floats."""
+
+    def __init__(self, vals: list[float]):
+        self.vals = list(vals)
+
+    def fill_(self, v: float) -> None:
+        self.vals = [v] * len(self.vals)
+
+    def clone(self) -> _Vec:
+        return _Vec(self.vals)
+
+    def double(self) -> _Vec:
+        return self
+
+    def isnan(self) -> _Vec:
+        return _Vec([float(math.isnan(v)) for v in self.vals])
+
+    def sum(self) -> float:
+        return sum(self.vals)
+
+    def __sub__(self, other: _Vec) -> _Vec:
+        return _Vec([a - b for a, b in zip(self.vals, other.vals)])
+
+    def norm(self) -> _Vec:
+        return _Vec([math.sqrt(sum(v * v for v in self.vals))])
+
+    def clamp_min(self, lo: float) -> _Vec:
+        return _Vec([max(v, lo) for v in self.vals])
+
+    def __truediv__(self, other: _Vec) -> _Vec:
+        return _Vec([self.vals[0] / other.vals[0]])
+
+    def __float__(self) -> float:
+        return self.vals[0]
+
+
+def test_ssd_prefill_checked_run_prefills_and_counts_unwritten():
+    """checked_run NaN-prefills both outputs before the call, so what a kernel
+    leaves unwritten is counted, and compares against reference's copies."""
+    s = SimpleNamespace(out=_Vec([0.0] * 4), states=_Vec([0.0] * 2))
+
+    def kernel(values: list[float], states: list[float]):
+        def fn(inputs: SimpleNamespace) -> None:
+            # writes the first len(values) outputs, leaves the rest as found
+            inputs.out.vals[: len(values)] = values
+            inputs.states.vals[: len(states)] = states
+
+        return fn
+
+    s.run = lambda fn: fn(s)
+    ref = ssd_prefill.reference(s, kernel([3.0, 4.0, 0.0, 0.0], [1.0, 1.0]))
+    assert ref[0].vals == [3.0, 4.0, 0.0, 0.0]
+    s.out.vals[0] = 99.0  # the reference is a copy
+    assert ref[0].vals[0] == 3.0
+    full = ssd_prefill.checked_run(s, kernel([3.0, 4.0, 0.0, 0.0], [1.0, 1.0]), ref)
+    assert full == {"out_rel_err": 0.0, "state_rel_err": 0.0, "nan_outputs": 0}
+    off = ssd_prefill.checked_run(s, kernel([3.0, 4.0, 0.0, 5.0], [1.0, 1.0]), ref)
+    assert off["out_rel_err"] == pytest.approx(1.0) and off["nan_outputs"] == 0
+    part = ssd_prefill.checked_run(s, kernel([3.0, 4.0], [1.0]), ref)
+    assert part["nan_outputs"] == 3

@@ -297,6 +297,25 @@ def rel_err(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def reference(s: Inputs, fn: Callable[..., Any]) -> tuple[Any, Any]:
+    """fn's output and final states on s (copies)."""
+    s.run(fn)
+    return s.out.clone(), s.states.clone()
+
+
+def checked_run(s: Inputs, fn: Callable[..., Any], ref: tuple[Any, Any]) -> dict[str, Any]:
+    """fn run on s with its outputs NaN-prefilled: its relative errors against
+    ref (``reference``) and the elements it left unwritten."""
+    s.out.fill_(float("nan"))
+    s.states.fill_(float("nan"))
+    s.run(fn)
+    return {
+        "out_rel_err": rel_err(s.out, ref[0]),
+        "state_rel_err": rel_err(s.states, ref[1]),
+        "nan_outputs": int(s.out.isnan().sum()) + int(s.states.isnan().sum()),
+    }
+
+
 def ab_main(
     args: argparse.Namespace,
     cases: list[tuple[str, int, int]],
@@ -313,22 +332,8 @@ def ab_main(
     rows = []
     for dims, tokens, seqs in cases:
         sets = input_sets(DIMS[dims], tokens, seqs, gen)
-        s0 = sets[0]
-        s0.run(fused_fn)
-        ref_out, ref_states = s0.out.clone(), s0.states.clone()
-        checks = []
-        for _, fn in variants:
-            s0.out.fill_(float("nan"))
-            s0.states.fill_(float("nan"))
-            s0.run(fn)
-            unwritten = int(s0.out.isnan().sum()) + int(s0.states.isnan().sum())
-            checks.append(
-                {
-                    "out_rel_err": rel_err(s0.out, ref_out),
-                    "state_rel_err": rel_err(s0.states, ref_states),
-                    "nan_outputs": unwritten,
-                }
-            )
+        ref = reference(sets[0], fused_fn)
+        checks = [checked_run(sets[0], fn, ref) for _, fn in variants]
         fns = [rotating(sets, fused_fn)] + [rotating(sets, fn) for _, fn in variants]
         base_ms, *var_ms = timer.paired_median_ms(fns, reps=reps)
         for (name, _), check, ms in zip(variants, checks, var_ms):
@@ -435,13 +440,9 @@ def main(argv: list[str] | None = None) -> int:
             base_ms = val_ms = timer.median_ms(rotating(sets, baseline_fn), reps=reps)
         else:
             s0 = sets[0]
-            s0.run(baseline_fn)
-            ref_out, ref_states = s0.out.clone(), s0.states.clone()
-            s0.out.fill_(float("nan"))
-            s0.states.fill_(float("nan"))
-            s0.run(fused_fn)
-            extra["out_rel_err"] = rel_err(s0.out, ref_out)
-            extra["state_rel_err"] = rel_err(s0.states, ref_states)
+            check = checked_run(s0, fused_fn, reference(s0, baseline_fn))
+            extra["out_rel_err"] = check["out_rel_err"]
+            extra["state_rel_err"] = check["state_rel_err"]
             base_ms, val_ms = timer.paired_median_ms(
                 [rotating(sets, baseline_fn), rotating(sets, fused_fn)], reps=reps
             )
