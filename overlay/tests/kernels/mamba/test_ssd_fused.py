@@ -92,8 +92,6 @@ def fused_kernel(request, monkeypatch):
         monkeypatch.setattr(ssd_fused_sm90, "RUN_CHUNKS", run_chunks)
         monkeypatch.setattr(ssd_fused_sm90, "WARP_SPECIALIZE", warp_specialize)
     monkeypatch.setattr(ssd_fused, "USE_SM90_KERNEL", sm90)
-    # the test cases are small; run them on the Gluon form whatever their size
-    monkeypatch.setattr(ssd_fused, "SM90_MIN_TOKEN_HEADS", 0)
     return request.param, calls
 
 
@@ -655,6 +653,72 @@ def test_launch_key_determines_the_specialization(kernel, monkeypatch):
         assert key_of_fast.setdefault(fast, key) == key, (fast, key)
     # the variants did reach different specializations
     assert len(set(spec_of_key.values())) > len(variants) // 4
+
+
+@pytest.mark.parametrize("kernel", ["triton", "sm90"])
+def test_launch_skips_only_empty_hooks(kernel, monkeypatch):
+    """A compiled kernel's first launch under a key goes through Triton
+    (CompiledKernel[grid], which loads its handles); later ones call its
+    launcher directly, with no launch metadata and no hooks, unless a launch
+    hook is registered. The callers' Meta is made once per configuration
+    and cannot be changed. Runs on the CPU: a stand-in compiled kernel
+    records the launches."""
+    import triton
+    from triton.runtime import JITFunction
+
+    if kernel == "sm90" and not ssd_fused_sm90.HAS_GLUON:
+        pytest.skip("the sm90 kernel needs Triton's Gluon (Triton 3.6 or 3.8)")
+    launch = ssd_fused_launch.launch  # (_recorded_launch replaces it)
+    fn, args, meta = _recorded_launch(monkeypatch, kernel)
+    if not isinstance(fn, JITFunction):  # TRITON_INTERPRET=1: the raw function
+        pytest.skip("launch() hands the Triton interpreter's kernels to it")
+    assert isinstance(meta, ssd_fused_launch.Meta)
+    with pytest.raises(TypeError):
+        meta["num_warps"] = 8
+    assert hash(ssd_fused_launch.Meta(meta)) == hash(meta)
+    launches: list[tuple] = []
+
+    class Compiled:  # a stand-in for the CompiledKernel
+        function, packed_metadata = 7, (4, 1, 0)
+
+        def __getitem__(self, grid):
+            return lambda *a: launches.append(("triton", grid, a))
+
+        def run(self, *a):
+            launches.append(("direct", a))
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return 1234
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", Driver())
+    monkeypatch.setattr(ssd_fused_launch, "_FAST", {})
+    monkeypatch.setattr(ssd_fused_launch, "_KERNELS", {})
+    constexprs = tuple(meta[n] for n in fn.arg_names[len(args) :])
+    key = ssd_fused_launch.launch_key(fn, args, meta)
+    ssd_fused_launch._KERNELS[key] = (Compiled(), constexprs)
+    kernel_args = (*args, *constexprs)
+    launch(fn, 5, args, meta)
+    assert launches.pop() == ("triton", (5, 1, 1), kernel_args)
+    launch(fn, 5, args, meta)
+    assert launches.pop() == (
+        "direct",
+        (5, 1, 1, 1234, 7, (4, 1, 0), None, None, None, *kernel_args),
+    )
+    hooks = triton.knobs.runtime.launch_enter_hook
+    if getattr(hooks, "calls", None) != []:
+        pytest.skip("this Triton has no empty launch-hook chain to add to")
+    hook = launches.append
+    hooks.add(hook)
+    try:
+        launch(fn, 5, args, meta)
+    finally:
+        hooks.remove(hook)
+    assert launches.pop() == ("triton", (5, 1, 1), kernel_args)
+    assert not launches
 
 
 @pytest.mark.skipif(

@@ -12,9 +12,9 @@ memory (an fp32 workspace that stays mostly in L2), handed from the CTA of
 chunk ``c - 1`` to the CTA of chunk ``c`` of the same head block with an
 acquire/release flag.
 
-On sm_90, prefills of at least ``SM90_MIN_TOKEN_HEADS`` tokens x heads run
-the same algorithm as a Gluon kernel (``ssd_fused_sm90``: TMA loads, async
-wgmma), which Triton's ``tl.dot`` cannot express; see ``use_sm90_kernel``.
+On sm_90, bf16 prefills run the same algorithm as a Gluon kernel
+(``ssd_fused_sm90``: TMA loads, async wgmma), which Triton's ``tl.dot``
+cannot express; see ``use_sm90_kernel``.
 
 Selected with ``MambaConfig.ssd_prefill`` (CLI ``--mamba-ssd-prefill``):
 ``"chain"`` (default, upstream), ``"fused"`` (always this kernel) or
@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from vllm import platforms
 from vllm.model_executor.layers.mamba.ops import ssd_fused_launch, ssd_fused_sm90
 from vllm.model_executor.layers.mamba.ops.mamba_ssm import softplus
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
@@ -478,20 +479,21 @@ def _ssd_fused_varlen_kernel(
 
 
 # Hopper GPUs run the Gluon form of this kernel (ssd_fused_sm90: TMA, async
-# wgmma) wherever ssd_fused_sm90.supports() holds and the prefill has at least
-# SM90_MIN_TOKEN_HEADS tokens x heads; tests and benchmarks set
-# USE_SM90_KERNEL to False to run the Triton kernel below on the same inputs.
-# The threshold: the Gluon launch costs more host time (four TMA descriptors
-# and Triton's launcher expanding them: median 69 us per call against the
-# Triton form's 41 on the H200's host), which outweighs its lower GPU time
-# while a call is host-bound. Back to back, us per call Gluon / Triton (the
-# stack's results/ssd_fused_host-h200): at 1k tokens x 128 heads (2**17)
-# 67-77 / 67-83 (granite, Nemotron-H; the Triton form GPU-bound there), at
-# 1k x 80 heads 67-99 / 57-58; at 2k tokens 64-119 / 91-125.
+# wgmma) wherever ssd_fused_sm90.supports() holds, whatever the prefill's
+# size; tests and benchmarks set USE_SM90_KERNEL to False to run the Triton
+# kernel below on the same inputs. Its GPU time is lower at every size
+# measured on the H200 (the stack's results/ssd_prefill-h200, CUDA-graph
+# replay: 27-44 us at 1k tokens, where the Triton form takes 57-82
+# (results/ssd_fused_host-h200); at 2k and 4k 53-63 and 95-106 us, the
+# Triton form's back-to-back calls, GPU-bound there, 117-125 and 233-236).
+# Its host time per call is higher (four TMA descriptors, which Triton's
+# launcher expands on every launch): at 1k tokens, where a call is
+# host-bound, back-to-back calls took 68-118 us against the Triton form's
+# 60-83, still 5.2-5.8x faster than the chain's five launches, and in a
+# forward pass the launch overlaps the GPU's work.
 # By default only under the Triton release the Gluon form has run with
 # (ssd_fused_sm90.TESTED_HERE); the tests set it to True to check another.
 USE_SM90_KERNEL = ssd_fused_sm90.TESTED_HERE
-SM90_MIN_TOKEN_HEADS = 1 << 17
 
 
 def use_sm90_kernel(
@@ -503,11 +505,7 @@ def use_sm90_kernel(
 ) -> bool:
     """Whether ``mamba_chunk_scan_fused_varlen`` runs these inputs on the Gluon
     Hopper form (``ssd_fused_sm90``) rather than the Triton kernel."""
-    return (
-        USE_SM90_KERNEL
-        and x.shape[0] * x.shape[1] >= SM90_MIN_TOKEN_HEADS
-        and ssd_fused_sm90.supports(x, B, C, out, chunk_size)
-    )
+    return USE_SM90_KERNEL and ssd_fused_sm90.supports(x, B, C, out, chunk_size)
 
 
 # Launch configuration override (tests and benchmarks set it through
@@ -515,6 +513,19 @@ def use_sm90_kernel(
 # configuration (cached: this is host time on every prefill).
 _LAUNCH_OVERRIDE: dict[str, int] = {}
 _LAUNCH_PARAMS: dict[tuple[int, int, int, torch.dtype], dict[str, int]] = {}
+# per shape and flags (_launch_meta): the kernel's meta arguments
+_LAUNCH_METAS: dict[tuple, ssd_fused_launch.Meta] = {}
+_FLAG_NAMES = (
+    "HAS_D",
+    "D_HAS_HDIM",
+    "HAS_Z",
+    "HAS_DT_BIAS",
+    "DT_SOFTPLUS",
+    "HAS_INITSTATES",
+    "WRITE_INTER",
+    "WRITE_FINAL",
+    "FINAL_HAS_INDICES",
+)
 
 
 def _launch_config(
@@ -553,6 +564,7 @@ def _set_launch_config(**kwargs: int) -> None:
     _LAUNCH_OVERRIDE.clear()
     _LAUNCH_OVERRIDE.update(kwargs)
     _LAUNCH_PARAMS.clear()
+    _LAUNCH_METAS.clear()
 
 
 def _launch_params(
@@ -580,6 +592,21 @@ def _launch_params(
         }
         _LAUNCH_PARAMS[key] = params
     return params
+
+
+def _launch_meta(
+    chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype, flags: tuple
+) -> ssd_fused_launch.Meta:
+    """The kernel's meta arguments: the shape's launch parameters and the
+    flags (values of _FLAG_NAMES), made once per shape and flags."""
+    key = (chunk_size, headdim, dstate, dtype, flags)
+    meta = _LAUNCH_METAS.get(key)
+    if meta is None:
+        meta = _LAUNCH_METAS[key] = ssd_fused_launch.Meta(
+            _launch_params(chunk_size, headdim, dstate, dtype),
+            **dict(zip(_FLAG_NAMES, flags)),
+        )
+    return meta
 
 
 def _strides(t: torch.Tensor | None, n: int) -> tuple[int, ...]:
@@ -651,9 +678,7 @@ def mamba_chunk_scan_fused_varlen(
     forms hand over one state per program instead: their workspace is one
     (P, N) state per work item, a few MB whatever the prefill's length.)
     """
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu():
+    if platforms.current_platform.is_cpu():
         # The CPU backend has its own reference implementation.
         return mamba_chunk_scan_combined_varlen(
             x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
@@ -791,18 +816,18 @@ def _mamba_chunk_scan_fused_fwd(
             *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
             final_state_indices.stride(0) if final_state_indices is not None else 0,
         )  # fmt: skip
-        meta = dict(
-            params,
-            HAS_D=D is not None,
-            D_HAS_HDIM=D is not None and D.dim() == 2,
-            HAS_Z=z is not None,
-            HAS_DT_BIAS=dt_bias is not None,
-            DT_SOFTPLUS=dt_softplus,
-            HAS_INITSTATES=initial_states is not None,
-            WRITE_INTER=return_intermediate_states,
-            WRITE_FINAL=write_final,
-            FINAL_HAS_INDICES=final_states_out is not None,
+        flags = (
+            D is not None,
+            D is not None and D.dim() == 2,
+            z is not None,
+            dt_bias is not None,
+            dt_softplus,
+            initial_states is not None,
+            return_intermediate_states,
+            write_final,
+            final_states_out is not None,
         )
+        meta = _launch_meta(chunk_size, headdim, dstate, x.dtype, flags)
         ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
 
     if return_intermediate_states:
@@ -817,11 +842,11 @@ def _mamba_chunk_scan_fused_fwd(
 # fused kernel everywhere else; None means the fused kernel measured at least
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
-# chain, back-to-back calls, 1 / 8 sequences: at 1k tokens (80-128 heads, the
-# Triton form) 4.11-8.82x, mostly host launch cost; from 4k x 128 heads (the
-# sm_90 Gluon form) 1.62-2.66x at 4k (host-bound too), 2.15-2.73x at 16k,
-# 2.77-3.19x at 64k and 2.58-3.23x at 256k tokens. (Before dt was loaded
-# once per chunk the chain won at 16k and the band was (2**19, 2**23).)
+# chain, back-to-back calls, 1 / 8 sequences, the sm_90 Gluon form: at 1k
+# tokens (80-128 heads) 5.23-5.76x, mostly host launch cost; 2.59-3.08x at 4k
+# (host-bound too), 2.55-3.45x at 16k, 3.38-3.39x at 64k and 2.83-3.70x at
+# 256k tokens. (Before dt was loaded once per chunk the chain won at 16k and
+# the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
 
 

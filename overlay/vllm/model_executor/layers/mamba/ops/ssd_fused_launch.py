@@ -13,7 +13,12 @@ time per fused prefill call at 1k-4k tokens: the Triton kernel 63-98 -> 52-87
 us, the sm_90 kernel 117-189 -> 85-122 us (their GPU time: 29-230 us). It
 first looks under ``fast_key`` (ints by value, no Python step per argument)
 and keeps the flag buffer and workspace per stream (``scratch``): median
-41 and 69 us (results/ssd_fused_host-h200).
+41 and 69 us (results/ssd_fused_host-h200). Where no launch hook is
+registered it calls the compiled kernel's launcher itself, as
+``CompiledKernel[grid]`` does less the hooks' work (an empty hook chain is
+still called twice per launch, with launch metadata built for it), and the
+callers' meta arguments are ``Meta`` objects made once per configuration
+(their items are not hashed again per launch): results/ssd_fused_hostpath-h200.
 
 The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
@@ -39,10 +44,11 @@ _KERNELS: dict[Hashable, tuple[Any, tuple]] = {}
 # the same kernels under fast_key (at most FAST_KEYS, then cleared)
 _FAST: dict[Hashable, tuple[Any, tuple]] = {}
 FAST_KEYS = 4096
-# per kernel and argument types: getters of its arguments keyed by value
-# (constexprs, ints), of its tensors and of the others (fast_key); never
-# cleared, so that a split's id stands for its kernel and types
-_SPLITS: dict[Hashable, tuple[Callable, Callable, Callable]] = {}
+# per kernel (by id: the entry keeps it alive) and argument types: the
+# kernel and the getters of its arguments keyed by value (constexprs, ints),
+# of its tensors and of the others (fast_key); never cleared, so that a
+# split's id stands for its kernel and types
+_SPLITS: dict[Hashable, tuple[Any, Callable, Callable, Callable]] = {}
 _dtype = attrgetter("dtype")
 # per kernel: which of its parameters are constexprs (keyed by value)
 _CONSTEXPR: dict[Any, tuple[bool, ...]] = {}
@@ -59,11 +65,55 @@ except ImportError:
 
 _I32 = 2**31
 
+# Objects keyed by identity in fast_key (a descriptor's shared-memory layout,
+# whose __hash__ is Python code): kept alive here, so that their ids stay
+# unique; at most PINNED_MAX (then keyed by value).
+_PINNED: dict[int, Any] = {}
+PINNED_MAX = 256
+
+
+def _pinned(obj: Any) -> Hashable:
+    """The id of obj where obj is (or can be) kept in _PINNED, else obj."""
+    i = id(obj)
+    if i in _PINNED or len(_PINNED) < PINNED_MAX:
+        # a kept object never dies, so an id in _PINNED is still its own
+        _PINNED.setdefault(i, obj)
+        return i
+    return obj
+
 
 def _other_key(a: Any) -> Hashable:
     if isinstance(a, _DESCRIPTOR_TYPES):  # (its base is 16-byte aligned)
         return a.base.dtype, tuple(a.block_shape), a.layout
     return a
+
+
+def _other_fast_key(a: Any) -> Hashable:
+    """_other_key, with a descriptor's layout by identity (fast_key)."""
+    if isinstance(a, _DESCRIPTOR_TYPES):
+        return a.base.dtype, tuple(a.block_shape), _pinned(a.layout)
+    return a
+
+
+class Meta(dict):
+    """A kernel's meta arguments (constexprs by name, launch options) for
+    ``launch``, made once per configuration and not changed after: its hash
+    is computed once (a plain dict's items are hashed on every launch)."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hash = hash(tuple(self.items()))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return self._hash
+
+    def _frozen(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a launch Meta is not changed after it is made")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = _frozen  # type: ignore[assignment]
+    setdefault = __ior__ = _frozen  # type: ignore[assignment]
 
 
 def _constexpr(fn: Any) -> tuple[bool, ...]:
@@ -112,7 +162,7 @@ def fast_key(fn: Any, args: tuple) -> Hashable:
     args_key has one key for every value class of an int, this has one per
     value, so launch() keeps at most FAST_KEYS of them."""
     types = tuple(map(type, args))
-    split = _SPLITS.get((fn, types))
+    split = _SPLITS.get((id(fn), types))
     if split is None:
         values, tensors, others = [], [], []
         for i, (t, c) in enumerate(zip(types, _constexpr(fn))):
@@ -122,19 +172,20 @@ def fast_key(fn: Any, args: tuple) -> Hashable:
                 tensors.append(i)
             elif t is not float and t is not type(None):
                 others.append(i)
-        split = _SPLITS[(fn, types)] = (
+        split = _SPLITS[(id(fn), types)] = (
+            fn,
             _getter(values),
             _getter(tensors),
             _getter(others),
         )
-    get_values, get_tensors, get_others = split
+    _, get_values, get_tensors, get_others = split
     tensors = get_tensors(args)
     return (
         id(split),
         get_values(args),
         tuple(map(_dtype, tensors)),
         tuple([t.data_ptr() % 16 == 0 for t in tensors]),
-        tuple([_other_key(a) for a in get_others(args)]),
+        tuple([_other_fast_key(a) for a in get_others(args)]),
     )
 
 
@@ -214,18 +265,31 @@ def scratch(
     )
 
 
+def _hooks_empty() -> bool:
+    """Whether no launch hook is registered (Triton's hook chains are empty
+    or unset): a launch may then skip them."""
+    rt = triton.knobs.runtime
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return (enter is None or getattr(enter, "calls", True) == []) and (
+        leave is None or getattr(leave, "calls", True) == []
+    )
+
+
 def launch(fn: Any, grid: int, args: tuple, meta: dict[str, Any]) -> None:
     """``fn[(grid,)](*args, **meta)``: the kernel's constexpr arguments in
-    ``meta`` by name (with launch options such as num_warps), the others in
-    ``args``, in the order of its signature."""
+    ``meta`` by name (with launch options such as num_warps; a ``Meta`` made
+    once per configuration, or a dict), the others in ``args``, in the order
+    of its signature."""
     if not isinstance(fn, triton.runtime.JITFunction):
         # the Triton interpreter, or a stand-in recording the launch
         fn[(grid,)](*args, **meta)
         return
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
     fast = (
-        triton.runtime.driver.active.get_current_device(),
+        device,
         fast_key(fn, args),
-        tuple(meta.items()),
+        meta if type(meta) is Meta else tuple(meta.items()),
     )
     hit = _FAST.get(fast)
     if hit is None:
@@ -238,8 +302,19 @@ def launch(fn: Any, grid: int, args: tuple, meta: dict[str, Any]) -> None:
             # the constexpr arguments, positionally after args
             constexprs = tuple(meta[name] for name in fn.arg_names[len(args) :])
             hit = _KERNELS[key] = (kernel, constexprs)
+        kernel, constexprs = hit
+        # through Triton, which loads the kernel's handles on its first launch
+        kernel[(grid, 1, 1)](*args, *constexprs)
         if len(_FAST) >= FAST_KEYS:
             _FAST.clear()
         _FAST[fast] = hit
+        return
     kernel, constexprs = hit
-    kernel[(grid, 1, 1)](*args, *constexprs)
+    if _hooks_empty():
+        # what CompiledKernel[grid](...) does, less the hooks' work
+        kernel.run(
+            grid, 1, 1, driver.get_current_stream(device), kernel.function,
+            kernel.packed_metadata, None, None, None, *args, *constexprs,
+        )  # fmt: skip
+    else:
+        kernel[(grid, 1, 1)](*args, *constexprs)

@@ -98,9 +98,8 @@ computed once per program to 0.58 / 9.4 (run sm90-breakdown).
 
 Used by ``mamba_chunk_scan_fused_varlen`` where ``ssd_fused.use_sm90_kernel``
 holds: ``supports`` below (sm_90, bf16 x / B / C / out with unit-stride,
-TMA-compatible rows, headdim 64, dstate 32, 64 or 128, chunk 128 or 256) and
-at least ``ssd_fused.SM90_MIN_TOKEN_HEADS`` tokens x heads; everything else
-runs the Triton kernel.
+TMA-compatible rows, headdim 64, dstate 32, 64 or 128, chunk 128 or 256);
+everything else runs the Triton kernel.
 """
 
 from functools import cache
@@ -2010,7 +2009,7 @@ def launch(
             run = run_length(n_chunks, nheads, slots)
         n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
     ws, sync = ssd_fused_launch.scratch(x.device, n_items * headdim * dstate, n_items)
-    row_layout, bc_layout, st_layout = _smem_layouts(headdim, dstate)
+    row_layout, bc_layout, _ = _smem_layouts(headdim, dstate)
 
     def rows_desc(t: torch.Tensor, width: int, layout) -> "_TmaView":
         """The (tokens, n, width) tensor t as a 2-D (tokens, n * width) TMA
@@ -2034,21 +2033,59 @@ def launch(
         *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
         final_state_indices.stride(0) if final_state_indices is not None else 0,
     )  # fmt: skip
-    meta = dict(
-        STATE_SMEM_LAYOUT=st_layout,
-        CHUNK_SIZE=chunk_size,
-        HAS_D=D is not None,
-        D_HAS_HDIM=D is not None and D.dim() == 2,
-        HAS_Z=z is not None,
-        HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus,
-        HAS_INITSTATES=initial_states is not None,
-        WRITE_INTER=inter is not None,
-        WRITE_FINAL=write_final,
-        FINAL_HAS_INDICES=final_state_indices is not None,
-        RUNS=run > 0,
-        WS=specialize,
-        WS_NBUF=WS_NUM_BUFFERS[specialize and n_items > nheads],
-        num_warps=4,
+    meta = _meta(
+        headdim,
+        dstate,
+        chunk_size,
+        D is not None,
+        D is not None and D.dim() == 2,
+        z is not None,
+        dt_bias is not None,
+        dt_softplus,
+        initial_states is not None,
+        inter is not None,
+        write_final,
+        final_state_indices is not None,
+        run > 0,
+        specialize,
+        WS_NUM_BUFFERS[specialize and n_items > nheads],
     )
     ssd_fused_launch.launch(_ssd_fused_sm90_kernel, n_items, args, meta)
+
+
+@cache
+def _meta(
+    headdim: int,
+    dstate: int,
+    chunk_size: int,
+    has_d: bool,
+    d_has_hdim: bool,
+    has_z: bool,
+    has_dt_bias: bool,
+    dt_softplus: bool,
+    has_initstates: bool,
+    write_inter: bool,
+    write_final: bool,
+    final_has_indices: bool,
+    runs: bool,
+    ws: bool,
+    ws_nbuf: int,
+) -> ssd_fused_launch.Meta:
+    """The kernel's meta arguments for one configuration (made once)."""
+    return ssd_fused_launch.Meta(
+        STATE_SMEM_LAYOUT=_smem_layouts(headdim, dstate)[2],
+        CHUNK_SIZE=chunk_size,
+        HAS_D=has_d,
+        D_HAS_HDIM=d_has_hdim,
+        HAS_Z=has_z,
+        HAS_DT_BIAS=has_dt_bias,
+        DT_SOFTPLUS=dt_softplus,
+        HAS_INITSTATES=has_initstates,
+        WRITE_INTER=write_inter,
+        WRITE_FINAL=write_final,
+        FINAL_HAS_INDICES=final_has_indices,
+        RUNS=runs,
+        WS=ws,
+        WS_NBUF=ws_nbuf,
+        num_warps=4,
+    )
