@@ -515,17 +515,6 @@ _LAUNCH_OVERRIDE: dict[str, int] = {}
 _LAUNCH_PARAMS: dict[tuple[int, int, int, torch.dtype], dict[str, int]] = {}
 # per shape and flags (_launch_meta): the kernel's meta arguments
 _LAUNCH_METAS: dict[tuple, ssd_fused_launch.Meta] = {}
-_FLAG_NAMES = (
-    "HAS_D",
-    "D_HAS_HDIM",
-    "HAS_Z",
-    "HAS_DT_BIAS",
-    "DT_SOFTPLUS",
-    "HAS_INITSTATES",
-    "WRITE_INTER",
-    "WRITE_FINAL",
-    "FINAL_HAS_INDICES",
-)
 
 
 def _launch_config(
@@ -598,13 +587,13 @@ def _launch_meta(
     chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype, flags: tuple
 ) -> ssd_fused_launch.Meta:
     """The kernel's meta arguments: the shape's launch parameters and the
-    flags (values of _FLAG_NAMES), made once per shape and flags."""
+    flags (ssd_fused_launch.meta_flags), made once per shape and flags."""
     key = (chunk_size, headdim, dstate, dtype, flags)
     meta = _LAUNCH_METAS.get(key)
     if meta is None:
         meta = _LAUNCH_METAS[key] = ssd_fused_launch.Meta(
             _launch_params(chunk_size, headdim, dstate, dtype),
-            **dict(zip(_FLAG_NAMES, flags)),
+            **dict(zip(ssd_fused_launch.FLAG_NAMES, flags)),
         )
     return meta
 
@@ -816,17 +805,10 @@ def _mamba_chunk_scan_fused_fwd(
             *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
             final_state_indices.stride(0) if final_state_indices is not None else 0,
         )  # fmt: skip
-        flags = (
-            D is not None,
-            D is not None and D.dim() == 2,
-            z is not None,
-            dt_bias is not None,
-            dt_softplus,
-            initial_states is not None,
-            return_intermediate_states,
-            write_final,
-            final_states_out is not None,
-        )
+        flags = ssd_fused_launch.meta_flags(
+            D, z, dt_bias, dt_softplus, initial_states,
+            return_intermediate_states, write_final, final_states_out is not None,
+        )  # fmt: skip
         meta = _launch_meta(chunk_size, headdim, dstate, x.dtype, flags)
         ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
 

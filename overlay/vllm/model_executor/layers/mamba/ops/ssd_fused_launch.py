@@ -95,6 +95,44 @@ def _other_fast_key(a: Any) -> Hashable:
     return a
 
 
+# The flag constexprs both fused kernels take, in the order of meta_flags.
+FLAG_NAMES = (
+    "HAS_D",
+    "D_HAS_HDIM",
+    "HAS_Z",
+    "HAS_DT_BIAS",
+    "DT_SOFTPLUS",
+    "HAS_INITSTATES",
+    "WRITE_INTER",
+    "WRITE_FINAL",
+    "FINAL_HAS_INDICES",
+)
+
+
+def meta_flags(
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    initial_states: torch.Tensor | None,
+    write_inter: bool,
+    write_final: bool,
+    final_has_indices: bool,
+) -> tuple:
+    """The values of FLAG_NAMES for a call of a fused kernel."""
+    return (
+        D is not None,
+        D is not None and D.dim() == 2,
+        z is not None,
+        dt_bias is not None,
+        dt_softplus,
+        initial_states is not None,
+        write_inter,
+        write_final,
+        final_has_indices,
+    )
+
+
 class Meta(dict):
     """A kernel's meta arguments (constexprs by name, launch options) for
     ``launch``, made once per configuration and not changed after: its hash
