@@ -786,8 +786,12 @@ def _mamba_chunk_scan_fused_fwd(
             write_final,
         )  # fmt: skip
     else:
-        params = _launch_params(chunk_size, headdim, dstate, x.dtype)
-        n_items = nchunks * nheads * params["NUM_P_BLOCKS"]
+        flags = ssd_fused_launch.meta_flags(
+            D, z, dt_bias, dt_softplus, initial_states,
+            return_intermediate_states, write_final, final_states_out is not None,
+        )  # fmt: skip
+        meta = _launch_meta(chunk_size, headdim, dstate, x.dtype, flags)
+        n_items = nchunks * nheads * meta["NUM_P_BLOCKS"]
         # a chunk-end state per chunk and head (each BLOCK_P slice its own
         # part) and the flag buffer ("Flag buffer" above)
         ws, sync = ssd_fused_launch.scratch(
@@ -805,11 +809,6 @@ def _mamba_chunk_scan_fused_fwd(
             *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
             final_state_indices.stride(0) if final_state_indices is not None else 0,
         )  # fmt: skip
-        flags = ssd_fused_launch.meta_flags(
-            D, z, dt_bias, dt_softplus, initial_states,
-            return_intermediate_states, write_final, final_states_out is not None,
-        )  # fmt: skip
-        meta = _launch_meta(chunk_size, headdim, dstate, x.dtype, flags)
         ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
 
     if return_intermediate_states:

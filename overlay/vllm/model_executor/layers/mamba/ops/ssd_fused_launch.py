@@ -24,7 +24,8 @@ The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
 in int32 range (the three facts Triton specializes an int on); floats and
 None by position; constexpr parameters and any other argument (a TMA
-descriptor's dtype, block shape and layout) by value.
+descriptor's dtype and block shape) by value, a descriptor's layout by
+identity (the layout object is kept alive).
 ``test_launch_key_determines_the_specialization`` (tests/kernels/mamba/
 test_ssd_fused.py, CPU) checks this against Triton's own argument binding.
 What the JIT reads at each launch besides the arguments (its debug and
@@ -65,8 +66,8 @@ except ImportError:
 
 _I32 = 2**31
 
-# Objects keyed by identity in fast_key (a descriptor's shared-memory layout,
-# whose __hash__ is Python code): kept alive here, so that their ids stay
+# Objects keyed by identity (a TMA descriptor's shared-memory layout, whose
+# __hash__ is Python code): kept alive here, so that their ids stay
 # unique; at most PINNED_MAX (then keyed by value).
 _PINNED: dict[int, Any] = {}
 PINNED_MAX = 256
@@ -84,13 +85,6 @@ def _pinned(obj: Any) -> Hashable:
 
 def _other_key(a: Any) -> Hashable:
     if isinstance(a, _DESCRIPTOR_TYPES):  # (its base is 16-byte aligned)
-        return a.base.dtype, tuple(a.block_shape), a.layout
-    return a
-
-
-def _other_fast_key(a: Any) -> Hashable:
-    """_other_key, with a descriptor's layout by identity (fast_key)."""
-    if isinstance(a, _DESCRIPTOR_TYPES):
         return a.base.dtype, tuple(a.block_shape), _pinned(a.layout)
     return a
 
@@ -223,18 +217,18 @@ def fast_key(fn: Any, args: tuple) -> Hashable:
         get_values(args),
         tuple(map(_dtype, tensors)),
         tuple([t.data_ptr() % 16 == 0 for t in tensors]),
-        tuple([_other_fast_key(a) for a in get_others(args)]),
+        tuple([_other_key(a) for a in get_others(args)]),
     )
 
 
-def launch_key(fn: Any, args: tuple, meta: dict[str, Any]) -> Hashable:
+def launch_key(fn: Any, args: tuple, meta: Meta) -> Hashable:
     """The compiled kernel of ``fn[grid](*args, **meta)`` on the current
     device is the same for every call with this key."""
     return (
         fn,
         triton.runtime.driver.active.get_current_device(),
         args_key(fn, args),
-        tuple(meta.items()),
+        meta,
     )
 
 
@@ -313,22 +307,17 @@ def _hooks_empty() -> bool:
     )
 
 
-def launch(fn: Any, grid: int, args: tuple, meta: dict[str, Any]) -> None:
+def launch(fn: Any, grid: int, args: tuple, meta: Meta) -> None:
     """``fn[(grid,)](*args, **meta)``: the kernel's constexpr arguments in
-    ``meta`` by name (with launch options such as num_warps; a ``Meta`` made
-    once per configuration, or a dict), the others in ``args``, in the order
-    of its signature."""
+    ``meta`` by name (with launch options such as num_warps; made once per
+    configuration), the others in ``args``, in the order of its signature."""
     if not isinstance(fn, triton.runtime.JITFunction):
         # the Triton interpreter, or a stand-in recording the launch
         fn[(grid,)](*args, **meta)
         return
     driver = triton.runtime.driver.active
     device = driver.get_current_device()
-    fast = (
-        device,
-        fast_key(fn, args),
-        meta if type(meta) is Meta else tuple(meta.items()),
-    )
+    fast = (device, fast_key(fn, args), meta)
     hit = _FAST.get(fast)
     if hit is None:
         key = launch_key(fn, args, meta)
