@@ -824,8 +824,8 @@ def _mamba_chunk_scan_fused_fwd(
 # as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
 # headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
 # chain, back-to-back calls, 1 / 8 sequences, the sm_90 Gluon form: at 1k
-# tokens (80-128 heads) 5.23-5.76x, mostly host launch cost; 2.59-3.08x at 4k
-# (host-bound too), 2.55-3.45x at 16k, 3.38-3.39x at 64k and 2.83-3.70x at
+# tokens (80-128 heads) 5.34-5.81x, mostly host launch cost; 2.56-5.44x at 4k
+# (host-bound too), 2.55-3.18x at 16k, 3.40-3.43x at 64k and 2.91-3.69x at
 # 256k tokens. (Before dt was loaded once per chunk the chain won at 16k and
 # the band was (2**19, 2**23).)
 FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
