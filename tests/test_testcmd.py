@@ -41,6 +41,8 @@ cpu_tests = [
     "tests/v1/test_thing.py -k small",
     "tests/kernels/mamba/test_kern.py::test_k",
     "interpret: tests/v1/test_thing.py::test_c",
+    "native: tests/kernels/mamba/test_kern.py::test_launch",
+    "tests/kernels/mamba/test_kern.py::test_k2",
 ]
 
 [[entry]]
@@ -233,6 +235,17 @@ def test_plan_adds_carried_entries(root: Path) -> None:
     assert len(with_args) == 1 and with_args[0].origin == "entry gdn-thing"
     kernels = [s for s in suites if "test_kern.py::test_k" in s.targets[0]]
     assert kernels[0].interpret  # tests/kernels/ convention
+    assert kernels[0].targets == [
+        "tests/kernels/mamba/test_kern.py::test_k",
+        "tests/kernels/mamba/test_kern.py::test_k2",
+    ]
+    native = [s for s in suites if "tests/kernels/mamba/test_kern.py::test_launch" in s.targets]
+    assert len(native) == 1 and native[0].targets == [
+        "tests/kernels/mamba/test_kern.py::test_launch"
+    ]
+    assert not native[0].interpret  # "native:" prefix wins over tests/kernels/
+    assert native[0].native and native[0].mode == "native"
+    assert native[0].name == "gdn-thing:test_kern[native]"
     explicit = [s for s in suites if s.targets == ["tests/v1/test_thing.py::test_c"]]
     assert explicit[0].interpret  # "interpret:" prefix
     assert not any("never" in t for s in suites for t in s.targets)  # dropped
@@ -258,6 +271,10 @@ def test_pytest_argv_and_env(tmp_path: Path) -> None:
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == str(tmp_path)
     env = testcmd.test_env(base, tmp_path, interpret=False)
     assert "TRITON_INTERPRET" not in env and "PYTHONPATH" not in env
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    env = testcmd.test_env(base, tmp_path, interpret=False, native=True)
+    assert "TRITON_INTERPRET" not in env and "PYTHONPATH" not in env
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # vLLM keeps the real Triton
     assert env["VLLM_TARGET_DEVICE"] == "cpu"
 
 
@@ -270,10 +287,10 @@ def test_default_run_one_process_per_suite(
     rc, calls = run_cli(root, monkeypatch, ALL)
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert len(calls) == 6  # 2 config suites + 4 from the carried entry
+    assert len(calls) == 7  # 2 config suites + 5 from the carried entry
     assert all(c["cwd"] == str(root / "work" / "vllm") for c in calls)
     assert all(c["hf"] == "1" and c["layout"] == "" for c in calls)
-    assert [bool(c["interp"]) for c in calls] == [False] * 4 + [True] * 2
+    assert [bool(c["interp"]) for c in calls] == [False] * 4 + [True] * 2 + [False]
     first = calls[0]["argv"]
     assert "--deselect" in first and "tests/a/test_one.py::test_needs_gpu" in first
     assert "--timeout=120" in first
@@ -307,7 +324,7 @@ def test_exit_5_and_failures_fail_the_run(
     rc, calls = run_cli(root, monkeypatch, table)
     out = capsys.readouterr().out
     assert rc == 1
-    assert len(calls) == 6  # keeps going after a failing suite
+    assert len(calls) == 7  # keeps going after a failing suite
     assert "no tests collected (pytest exit 5)" in out
     assert "FAILED tests/v1/test_thing.py::test_a" in out
     assert "FAILED suites: two-mamba" in out

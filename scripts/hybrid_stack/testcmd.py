@@ -20,6 +20,9 @@ Interpreter suites (``interpret = true``; entries' items under
 ``TRITON_INTERPRET=1``, ``CUDA_VISIBLE_DEVICES=""``,
 ``VLLM_TRITON_FORCE_FIRST_CONFIG=1`` and the shipped plugin
 ``hybridstack_triton_interp``, which makes vLLM treat the CPU as CUDA-alike.
+An item prefixed ``native:`` runs without the interpreter even under
+``tests/kernels/``: for CPU tests of Triton's own objects (JITFunction,
+specialization, launch path), which the interpreter replaces.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ PLUGIN_DIR = Path(__file__).parent / "data" / "pytest_plugins"
 PLUGIN = "hybridstack_triton_interp"
 DEFAULT_CONFIG = Path("ci") / "cpu-suite.toml"
 INTERPRET_PREFIX = "interpret:"
+NATIVE_PREFIX = "native:"
 INTERPRET_DIRS = ("tests/kernels/",)
 COUNT_KEYS = ("passed", "failed", "errors", "skipped", "deselected", "xfailed", "xpassed")
 SUITE_KEYS = {"name", "path", "args", "interpret", "timeout", "why"}
@@ -77,6 +81,11 @@ class Suite:
     interpret: bool = False
     timeout: int = 600
     origin: str = "upstream"
+    native: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "interp" if self.interpret else "native" if self.native else "cpu"
 
     @property
     def files(self) -> set[str]:
@@ -161,8 +170,8 @@ def entry_suites(stack: Stack, timeout: int) -> list[Suite]:
 
     An item is a pytest id or path relative to the tree, optionally followed by
     pytest arguments (``tests/x.py -k small``); items under tests/kernels/ or
-    prefixed ``interpret:`` run under the Triton interpreter. Plain items of the
-    same entry and file share one process.
+    prefixed ``interpret:`` run under the Triton interpreter, unless prefixed
+    ``native:``. Plain items of the same entry, file and mode share one process.
     """
     suites: list[Suite] = []
     for e in stack.carried:
@@ -170,8 +179,9 @@ def entry_suites(stack: Stack, timeout: int) -> list[Suite]:
         for item in e.cpu_tests:
             text = item.strip()
             interpret = text.startswith(INTERPRET_PREFIX)
-            if interpret:
-                text = text[len(INTERPRET_PREFIX) :].strip()
+            native = text.startswith(NATIVE_PREFIX)
+            if interpret or native:
+                text = text.split(":", 1)[1].strip()
             try:
                 target, *args = shlex.split(text)
             except ValueError as err:
@@ -179,7 +189,7 @@ def entry_suites(stack: Stack, timeout: int) -> list[Suite]:
                     f"entry '{e.name}': cpu_tests item {item!r} does not parse "
                     f"({err}); fix it in patches/series.toml"
                 ) from None
-            interpret = interpret or target.startswith(INTERPRET_DIRS)
+            interpret = interpret or (not native and target.startswith(INTERPRET_DIRS))
             file = target.split("::", 1)[0]
             stem = Path(file).stem
             if args:
@@ -191,21 +201,24 @@ def entry_suites(stack: Stack, timeout: int) -> list[Suite]:
                         interpret,
                         timeout,
                         origin=f"entry {e.name}",
+                        native=native,
                     )
                 )
                 continue
-            key = (file, interpret)
+            key = (file, interpret, native)
             if key in grouped:
                 if target not in grouped[key].targets:
                     grouped[key].targets.append(target)
             else:
                 grouped[key] = Suite(
-                    f"{e.name}:{stem}" + ("[interp]" if interpret else ""),
+                    f"{e.name}:{stem}"
+                    + ("[interp]" if interpret else "[native]" if native else ""),
                     [target],
                     [],
                     interpret,
                     timeout,
                     origin=f"entry {e.name}",
+                    native=native,
                 )
                 suites.append(grouped[key])
     return suites
@@ -218,7 +231,9 @@ def plan(stack: Stack, config: Config) -> list[Suite]:
 # -------------------------------------------------------------- the environment
 
 
-def test_env(base: dict[str, str], hf_home: Path, *, interpret: bool) -> dict[str, str]:
+def test_env(
+    base: dict[str, str], hf_home: Path, *, interpret: bool, native: bool = False
+) -> dict[str, str]:
     """The environment of one pytest process.
 
     Inherited VLLM_* and TRITON_* variables are dropped: a developer's shell
@@ -241,6 +256,11 @@ def test_env(base: dict[str, str], hf_home: Path, *, interpret: bool) -> dict[st
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["VLLM_TRITON_FORCE_FIRST_CONFIG"] = "1"
         env["PYTHONPATH"] = str(PLUGIN_DIR)
+    elif native:
+        # With no GPU driver active vLLM swaps its placeholder module in for
+        # triton, unless CUDA_VISIBLE_DEVICES is set and empty (as in a Ray
+        # actor): then the real Triton stays, JIT objects and all.
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -344,7 +364,7 @@ def format_table(results: list[Result]) -> str:
         rows.append(
             (
                 r.suite.name,
-                "interp" if r.suite.interpret else "cpu",
+                r.suite.mode,
                 str(c["passed"] + c["xpassed"]),
                 str(c["failed"] + c["errors"]),
                 str(c["skipped"] + c["xfailed"]),
@@ -414,10 +434,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run only this suite of the plan (repeatable; see --list)",
     )
     p.add_argument("--list", action="store_true", help="print the plan and exit")
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--interpret",
         action="store_true",
         help="with PYTEST ARGS: run under the Triton interpreter (kernel tests)",
+    )
+    mode.add_argument(
+        "--native",
+        action="store_true",
+        help="with PYTEST ARGS: keep the real Triton on the CPU (launch-path tests)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="stream pytest's output")
     p.add_argument(
@@ -476,7 +502,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         for s in suites:
-            mode = "interp" if s.interpret else "cpu"
+            mode = s.mode
             extra = f"  {shlex.join(s.args)}" if s.args else ""
             print(f"{s.name:40} {mode:6} {s.origin:24} {' '.join(s.targets)}{extra}")
         print(format_deselects(config.deselects, suites))
@@ -491,9 +517,9 @@ def run(args: argparse.Namespace) -> int:
     if pytest_args:
         if args.suite:
             raise StackError("--suite selects from the plan: drop it or the pytest args")
-        one = Suite("pytest", [], pytest_args, args.interpret, config.timeout)
+        one = Suite("pytest", [], pytest_args, args.interpret, config.timeout, native=args.native)
         argv = pytest_argv(py, one, config.deselects, all_deselects=True)
-        env = test_env(dict(os.environ), hf_home, interpret=args.interpret)
+        env = test_env(dict(os.environ), hf_home, interpret=args.interpret, native=args.native)
         print(f"$ cd {tree} && {shlex.join(argv)}", flush=True)
         return subprocess.run(argv, cwd=tree, env=env).returncode
 
@@ -515,9 +541,9 @@ def run(args: argparse.Namespace) -> int:
 
     results: list[Result] = []
     for i, s in enumerate(suites, 1):
-        mode = " [triton interpreter]" if s.interpret else ""
-        print(f"[{i}/{len(suites)}] {s.name}{mode} ...", flush=True)
-        env = test_env(dict(os.environ), hf_home, interpret=s.interpret)
+        mode = {"interp": " [triton interpreter]", "native": " [native triton]"}
+        print(f"[{i}/{len(suites)}] {s.name}{mode.get(s.mode, '')} ...", flush=True)
+        env = test_env(dict(os.environ), hf_home, interpret=s.interpret, native=s.native)
         r = run_suite(s, py, tree, env, config.deselects, log_dir, verbose=args.verbose)
         results.append(r)
         c = r.counts
@@ -551,6 +577,7 @@ def run(args: argparse.Namespace) -> int:
                     "suite": r.suite.name,
                     "origin": r.suite.origin,
                     "interpret": r.suite.interpret,
+                    "native": r.suite.native,
                     "rc": r.rc,
                     "seconds": round(r.seconds, 1),
                     "problem": r.problem,
