@@ -58,6 +58,14 @@ COUNT_KEYS = ("passed", "failed", "errors", "skipped", "deselected", "xfailed", 
 SUITE_KEYS = {"name", "path", "args", "interpret", "timeout", "why"}
 DESELECT_KEYS = {"test", "reason"}
 TOP_KEYS = {"defaults", "suite", "deselect"}
+# how the per-suite progress line names a mode (plain CPU suites: nothing)
+MODE_NOTES = {"interp": " [triton interpreter]", "native": " [native triton]"}
+
+
+def suite_mode(interpret: bool, native: bool) -> str:
+    """A suite's mode: "interp" (the Triton interpreter), "native" (the real
+    Triton on the CPU) or "cpu"."""
+    return "interp" if interpret else "native" if native else "cpu"
 
 
 # --------------------------------------------------------------------- the plan
@@ -85,7 +93,7 @@ class Suite:
 
     @property
     def mode(self) -> str:
-        return "interp" if self.interpret else "native" if self.native else "cpu"
+        return suite_mode(self.interpret, self.native)
 
     @property
     def files(self) -> set[str]:
@@ -210,9 +218,9 @@ def entry_suites(stack: Stack, timeout: int) -> list[Suite]:
                 if target not in grouped[key].targets:
                     grouped[key].targets.append(target)
             else:
+                mode = suite_mode(interpret, native)
                 grouped[key] = Suite(
-                    f"{e.name}:{stem}"
-                    + ("[interp]" if interpret else "[native]" if native else ""),
+                    f"{e.name}:{stem}" + ("" if mode == "cpu" else f"[{mode}]"),
                     [target],
                     [],
                     interpret,
@@ -541,8 +549,7 @@ def run(args: argparse.Namespace) -> int:
 
     results: list[Result] = []
     for i, s in enumerate(suites, 1):
-        mode = {"interp": " [triton interpreter]", "native": " [native triton]"}
-        print(f"[{i}/{len(suites)}] {s.name}{mode.get(s.mode, '')} ...", flush=True)
+        print(f"[{i}/{len(suites)}] {s.name}{MODE_NOTES.get(s.mode, '')} ...", flush=True)
         env = test_env(dict(os.environ), hf_home, interpret=s.interpret, native=s.native)
         r = run_suite(s, py, tree, env, config.deselects, log_dir, verbose=args.verbose)
         results.append(r)
