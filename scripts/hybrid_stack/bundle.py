@@ -25,6 +25,7 @@ them from a folder instead (offline, tests).
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import re
@@ -79,6 +80,18 @@ DEPS: dict[str, str] = {
     "xgrammar": "0.2.8",
     "apache-tvm-ffi": "0.1.15.post2",
     "llguidance": "1.7.6",
+    # imported when the engine starts (the end-to-end harness, e2e/)
+    "compressed-tensors": "0.17.0",
+    "loguru": "0.7.3",
+    "depyf": "0.20.0",
+    "astor": "0.8.1",
+    "dill": "0.4.1",
+    "blake3": "1.0.11",
+    "orjson": "3.13.0",
+    "setproctitle": "1.3.8",
+    "lark": "1.2.2",
+    "ijson": "3.6.0",
+    "python-json-logger": "4.2.0",
 }
 
 # Upstream tests bundled from the applied tree (directories are taken whole).
@@ -114,6 +127,16 @@ FA_SHIM = (
     "HYBRID_STACK_STUB = not (FA2_AVAILABLE or FA3_AVAILABLE)\n"
 )
 SHIMS = (("vllm/vllm_flash_attn/__init__.py", FA_RAISE, FA_SHIM),)
+
+# The end-to-end harness (bundle_data/e2e): harness, compiled-op shims, model
+# configs and the tiny-model GPU selection, which runs in one process (engines
+# take most of the GPU's memory, one at a time).
+E2E_DIR = DATA_DIR / "e2e"
+E2E_SELECTIONS = {"e2e-tiny": ["e2e/test_e2e_tiny.py"]}
+CSRC_BINDINGS = "csrc/torch_bindings.cpp"
+LIBRARY_BLOCK = re.compile(r"STABLE_TORCH_LIBRARY(?:_FRAGMENT)?\(\s*(\w+)\s*,\s*(\w+)\s*\)\s*\{")
+C_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+HASATTR_OP = re.compile(r'hasattr\(\s*torch\.ops\.(\w+)\s*,\s*"(\w+)"\s*\)')
 
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".so", ".pyc", ".pyo", ".pyd", ".o", ".a")
@@ -428,6 +451,69 @@ def add_tests(plan: Plan, tree: Path, stack: stack_mod.Stack) -> dict[str, list[
     return selections
 
 
+def op_schemas(text: str) -> dict[str, dict[str, str]]:
+    """namespace -> {op -> schema} of the ``<lib>.def("...")`` calls in a csrc
+    bindings file (adjacent string literals joined, as C++ does)."""
+    out: dict[str, dict[str, str]] = {}
+    heads = list(LIBRARY_BLOCK.finditer(text))
+    for i, head in enumerate(heads):
+        ns, var = head.group(1), head.group(2)
+        body = text[head.end() : heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        for d in re.finditer(rf"\b{var}\.def\(\s*((?:{C_STRING.pattern}\s*)+)", body):
+            schema = "".join(C_STRING.findall(d.group(1)))
+            out.setdefault(ns, {})[schema.split("(", 1)[0].strip()] = schema
+    return out
+
+
+def shim_names(path: Path) -> list[str]:
+    """The op names of compiled_ops.py's IMPLEMENTED and LOOKUP_ONLY tables."""
+    names: list[str] = []
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id in ("IMPLEMENTED", "LOOKUP_ONLY"):
+            assert isinstance(node.value, ast.Dict)
+            names += [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+    return names
+
+
+def e2e_op_schemas(tree: Path) -> bytes:
+    """op_schemas.json for the harness: the tree's ``_C`` schemas, after checking
+    that every shimmed op exists there and none is one vLLM probes with
+    ``hasattr`` (defining it would switch vLLM onto its compiled path)."""
+    bindings = tree / CSRC_BINDINGS
+    if not bindings.is_file():
+        raise StackError(f"{bindings} is missing: the e2e harness takes op schemas from it")
+    schemas = op_schemas(bindings.read_text())
+    names = shim_names(E2E_DIR / "compiled_ops.py")
+    missing = [n for n in names if n not in schemas.get("_C", {})]
+    if missing:
+        raise StackError(
+            f"e2e/compiled_ops.py shims {', '.join(missing)}, which {CSRC_BINDINGS} does "
+            "not define in _C: drop them from compiled_ops.py"
+        )
+    probed = {
+        (ns, op)
+        for p in walk(tree / "vllm")
+        if p.suffix == ".py"
+        for ns, op in HASATTR_OP.findall(p.read_text(errors="replace"))
+    }
+    clash = sorted(n for n in names if ("_C", n) in probed)
+    if clash:
+        raise StackError(
+            f"e2e/compiled_ops.py defines {', '.join(clash)}, which vLLM probes with "
+            "hasattr(torch.ops._C, ...) to pick its compiled path: drop them"
+        )
+    return (json.dumps(schemas, indent=1, sort_keys=True) + "\n").encode()
+
+
+def add_e2e(plan: Plan, tree: Path) -> list[str]:
+    """The harness files; returns the model names."""
+    for p in walk(E2E_DIR):
+        plan.add(f"e2e/{p.relative_to(E2E_DIR).as_posix()}", p)
+    plan.add("e2e/op_schemas.json", e2e_op_schemas(tree))
+    return sorted(p.parent.name for p in (E2E_DIR / "models").glob("*/config.json"))
+
+
 def git_head(path: Path) -> str:
     p = subprocess.run(
         ["git", "-C", str(path), "rev-parse", "HEAD"],
@@ -444,6 +530,9 @@ def build_plan(
     plan = Plan()
     shims = add_sources(plan, tree, stack.pin.version)
     selections = add_tests(plan, tree, stack)
+    e2e_models = add_e2e(plan, tree)
+    for name, ids in E2E_SELECTIONS.items():
+        selections[name] = ids
     for b in ("__init__", "common", *BENCHES):
         plan.add(f"bench/{b}.py", BENCH_DIR / f"{b}.py")
     for w in wheels:
@@ -459,6 +548,8 @@ def build_plan(
         "stack": {"root": git_head(stack.root), "tree": git_head(tree)},
         "selections": selections,
         "benches": list(BENCHES),
+        "e2e_models": e2e_models,
+        "serial_selections": sorted(E2E_SELECTIONS),
         "wheels": [w.path.name for w in wheels],
         "stubs": shims,
     }

@@ -278,7 +278,7 @@ def table_lines(result: dict[str, Any], markdown: bool = False) -> list[str]:
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return lines + ["| " + " | ".join(b) + " |" for b in body]
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     return [fmt.format(*head)] + [fmt.format(*b) for b in body]
 

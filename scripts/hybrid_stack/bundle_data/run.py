@@ -8,6 +8,8 @@ Unpack the bundle on a machine with a CUDA GPU, torch and triton, then:
     python run.py full --bench all --out res  # every bundled test, all benchmarks
     python run.py <entry-name> tests/kernels/mamba/test_x.py::test_y -n 4
     python run.py <entry-name> --shard 1/2    # half its tests (then --shard 2/2)
+    python run.py --e2e all --out res         # the engine end to end (e2e/harness.py)
+    python run.py --e2e tiny-qwen3.5 --e2e-arg=--suite=identity
     eval "$(python run.py --env)"             # the same imports for your own scripts,
     ncu ... python3 my_probe.py               # profilers, notebooks (no CUDA check)
 
@@ -321,7 +323,7 @@ def run_tests(
     cmd += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
     if shard:
         cmd += ["-p", "hybrid_stack_shard"]
-    workers = args.workers
+    workers = 1 if label in getattr(args, "serial", ()) else args.workers
     if workers > 1 and have_xdist(env):
         cmd += ["-n", str(workers)]
     elif workers > 1:
@@ -376,6 +378,33 @@ def run_bench(
     return res
 
 
+def run_e2e(
+    models: list[str], args: argparse.Namespace, env: dict[str, str], command: str
+) -> dict[str, Any]:
+    """e2e/harness.py once per model (a process each, so one model's failure
+    leaves the others' results), then its --merge into e2e-<gpu>.json / .md."""
+    harness = HERE / "e2e" / "harness.py"
+    eenv = dict(env, HYBRID_STACK_BENCH_COMMAND=command)
+    res: dict[str, Any] = {"models": [], "rc": 0}
+    for model in models:
+        cmd = [sys.executable, str(harness), "--model", model, "--out", str(args.out)]
+        cmd += args.e2e_arg
+        print(f"\n=== end to end: {model} ===", flush=True)
+        start = time.monotonic()
+        rc = tee(cmd, eenv, args.out / f"e2e-{model}.log", args.timeout)
+        res["models"].append(
+            {"model": model, "rc": rc, "seconds": round(time.monotonic() - start, 1)}
+        )
+        res["rc"] = res["rc"] or rc
+    merge = [sys.executable, str(harness), "--merge", "--out", str(args.out)]
+    res["merge_rc"] = tee(merge, eenv, args.out / "e2e-merge.log", args.timeout)
+    found = sorted(args.out.glob("e2e-*.json"))
+    found = [f for f in found if not f.name.startswith("e2e-part-")]
+    if found:
+        res["json"] = str(found[-1])
+    return res
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     env = summary["env"]
     print("\n" + "=" * 78)
@@ -412,6 +441,11 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"bench {b['bench']:<14} rc {b['rc']}  {b['seconds']:7.1f} s  rows "
             f"{b.get('rows', '-')}  {b.get('json', 'no JSON written')}"
         )
+    e2e = summary.get("e2e")
+    if e2e:
+        for m in e2e["models"]:
+            print(f"e2e {m['model']:<20} rc {m['rc']}  {m['seconds']:7.1f} s")
+        print(f"e2e merge rc {e2e['merge_rc']}  {e2e.get('json', 'no JSON written')}")
     print(f"overall: {'OK' if summary['ok'] else 'FAILED'}; details in {summary['out']}")
 
 
@@ -441,6 +475,18 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="extra benchmark argument, e.g. --bench-arg=--cases=mamba2-2.7b:16k:1 "
         "or --bench-arg=--variant=NAME=PATH (ssd_prefill's A/B mode)",
+    )
+    parser.add_argument(
+        "--e2e",
+        action="append",
+        default=[],
+        help="serve a model end to end through the engine ('all' or a name from --list)",
+    )
+    parser.add_argument(
+        "--e2e-arg",
+        action="append",
+        default=[],
+        help="extra e2e/harness.py argument, e.g. --e2e-arg=--suite=identity",
     )
     parser.add_argument("--out", type=Path, default=Path("bundle-results"))
     parser.add_argument("-n", "--workers", type=int, default=8, help="pytest-xdist workers")
@@ -484,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                 for i in ids:
                     print(f"    {i}")
             print("benchmarks: " + ", ".join(manifest["benches"]))
+            print("end-to-end models: " + ", ".join(manifest["e2e_models"]))
             return 0
         benches = manifest["benches"] if "all" in args.bench else args.bench
         for b in benches:
@@ -491,7 +538,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise RunError(
                     f"unknown benchmark '{b}': use one of {', '.join(manifest['benches'])} or all"
                 )
-        names = args.selections or ([] if benches else ["quick"])
+        e2e = manifest["e2e_models"] if "all" in args.e2e else args.e2e
+        for m in e2e:
+            if m not in manifest["e2e_models"]:
+                raise RunError(
+                    f"unknown end-to-end model '{m}': use one of "
+                    f"{', '.join(manifest['e2e_models'])} or all"
+                )
+        args.serial = set(manifest["serial_selections"])
+        names = args.selections or ([] if benches or e2e else ["quick"])
         selected = resolve(manifest, names)
         facts = cuda_facts()
         check_python(manifest)
@@ -516,8 +571,12 @@ def main(argv: list[str] | None = None) -> int:
         summary["tests"].append(run_tests(label, ids, args, env))
     for b in benches:
         summary["benches"].append(run_bench(b, args, env, command))
-    summary["ok"] = all(t.get("rc") in (0, None) for t in summary["tests"]) and all(
-        b["rc"] == 0 for b in summary["benches"]
+    if e2e:
+        summary["e2e"] = run_e2e(e2e, args, env, command)
+    summary["ok"] = (
+        all(t.get("rc") in (0, None) for t in summary["tests"])
+        and all(b["rc"] == 0 for b in summary["benches"])
+        and (not e2e or (summary["e2e"]["rc"] == 0 and summary["e2e"]["merge_rc"] == 0))
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print_summary(summary)

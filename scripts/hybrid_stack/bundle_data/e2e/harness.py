@@ -1,0 +1,690 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End to end on a GPU: the patched vLLM engine serving the stack's test models.
+
+Runs vLLM's own engine (``vllm.LLM``: V1 engine core in-process, Model Runner
+V2, the default ``torch.compile`` + CUDA graph settings, vLLM's Triton
+attention backend) on the bundle's sources, with the compiled ops of
+``compiled_ops.py`` and nothing else replaced. Models come from ``models/``
+(config.json only): ``load_format="dummy"``, then every weight is redrawn from
+a fixed seed (``redraw_weights``) so that logits are peaked and the recurrent
+states keep a long memory: a wrong cached state changes the greedy tokens
+instead of fading within a few positions. Prompts are token ids; there is no
+tokenizer.
+
+Suites (one engine per configuration, engines run one after another in this
+process):
+
+``identity``  for each MTP k, prefix caching off (the reference) and each
+              mamba cache mode: a prompt, the same prompt again, then a prompt
+              sharing only a prefix with it. Greedy tokens must be identical to
+              the reference's; rows ``identical`` (1 or 0) with the cached
+              tokens the engine reports.
+``ttft``      time to first token of prefix + question, cold (nothing cached)
+              and warm (another question after the same prefix), per prefix
+              length and MTP k: rows ``ttft_ms`` (baseline cold, value warm;
+              lower is better).
+``prefill``   Mamba2 models, ``--mamba-ssd-prefill chain`` against ``fused``:
+              whole-model prefill throughput (``prefill_tok_per_s``), the prompt
+              logprobs of one prompt and a greedy continuation compared
+              (``identical``, with the largest logprob difference and the first
+              diverging token).
+
+Each process writes ``<out>/e2e-part-<model>.json``; ``--merge`` joins the parts
+into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common results schema).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+try:  # the repository (tests)
+    from hybrid_stack.bench import common
+except ImportError:  # an unpacked bundle: bench/common.py beside e2e/
+    sys.path.insert(0, str(HERE.parent / "bench"))
+    import common  # type: ignore[no-redef]
+
+MODELS = HERE / "models"
+BENCH = "e2e"
+# Facts of a part that must agree for parts to be merged into one result.
+ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
+# Set before vLLM is imported: the engine core runs in this process (so the
+# harness reaches the model and the shims apply), and the Model Runner V2
+# sampler takes its PyTorch path (the FlashInfer sampler is not on the GPU
+# machine).
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+# Mamba cache modes with prefix caching on; "none" is prefix caching off.
+MODES = ("none", "align", "all")
+OUTPUT_TOKENS = 24
+WEIGHT_SEED = 1234
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine configuration."""
+
+    model: str
+    mode: str = "none"
+    mtp_k: int = 0
+    ssd_prefill: str | None = None
+    max_model_len: int = 32768
+    eager: bool = False
+    gpu_memory_utilization: float = 0.8
+    # a fixed KV cache size instead of one sized by profiling (engines of
+    # several processes side by side on one GPU)
+    kv_cache_gib: float | None = None
+    # One Mamba state per decode sequence must fit: vLLM's LLM default (1024)
+    # does not beside Mamba2-2.7B's 168 MiB per sequence on one H200.
+    max_num_seqs: int = 64
+    lock: Path | None = None  # see gpu_lock
+
+    def kwargs(self) -> dict[str, Any]:
+        cfg = json.loads((MODELS / self.model / "config.json").read_text())
+        kw: dict[str, Any] = {
+            "model": str(MODELS / self.model),
+            "load_format": "dummy",
+            "skip_tokenizer_init": True,
+            "attention_backend": "TRITON_ATTN",
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "seed": 0,
+            "disable_log_stats": False,
+            "enable_prefix_caching": self.mode != "none",
+        }
+        if self.kv_cache_gib:
+            kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+        if self.mode != "none":
+            kw["mamba_cache_mode"] = self.mode
+        if "linear_attention" in cfg.get("layer_types", ()):
+            # FlashInfer is not on the GPU machine: the FLA Triton prefill.
+            kw["gdn_prefill_backend"] = "triton"
+        if self.ssd_prefill:
+            kw["mamba_ssd_prefill"] = self.ssd_prefill
+        if self.mtp_k:
+            kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.mtp_k}
+        if self.eager:
+            # eager runs the layers' custom-op forms unless told otherwise
+            kw["enforce_eager"] = True
+            kw["compilation_config"] = {"custom_ops": ["none"]}
+        return kw
+
+    def label(self) -> str:
+        parts = [self.model, self.mode, f"mtp{self.mtp_k}"]
+        if self.ssd_prefill:
+            parts.append(self.ssd_prefill)
+        return "/".join(parts)
+
+
+def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
+    """Redraw every parameter of ``model`` in place from ``seed``.
+
+    Matrices get N(0, 1/fan_in) (embeddings and the LM head N(0, 16/hidden), so
+    logits have a standard deviation of about 4 and greedy choices are not
+    near-ties); norm scales 1, other vectors (biases) 0; Mamba2 / GDN decay parameters
+    as their models initialise them (A in [1, 16], dt in [1e-3, 1e-1]), which
+    gives some heads a memory of hundreds of tokens. Parameters are visited in
+    name order, so equal configs get equal weights. Returns the count.
+    """
+    import torch
+
+    gen = None
+    count = 0
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if gen is None:
+            gen = torch.Generator(device=p.device).manual_seed(seed)
+        leaf = name.rsplit(".", 1)[-1]
+        data = p.data
+        rand = torch.rand(data.shape, generator=gen, device=data.device, dtype=torch.float32)
+        if leaf == "A_log":
+            new = torch.log(1.0 + 15.0 * rand)
+        elif leaf == "dt_bias":
+            dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand)
+            new = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
+        elif leaf == "D":
+            new = torch.ones_like(rand)
+        elif data.dim() == 1:
+            scale = leaf == "weight" and "norm" in name
+            new = torch.ones_like(rand) if scale else torch.zeros_like(rand)
+        else:
+            normal = torch.randn(data.shape, generator=gen, device=data.device)
+            fan_in = data.shape[-1] if data.dim() == 2 else math.prod(data.shape[1:])
+            scale = 4.0 if ("embed" in name or "lm_head" in name) else 1.0
+            new = normal * (scale / math.sqrt(fan_in))
+        data.copy_(new.to(data.dtype))
+        count += 1
+    return count
+
+
+def prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(16, vocab - 16) for _ in range(n)]
+
+
+@dataclass
+class Served:
+    tokens: list[int]
+    cached: int
+    ms: float
+    logprobs: list[float] = field(default_factory=list)
+
+
+@contextmanager
+def gpu_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (when given) around a timed section,
+    so harness processes sharing one GPU never time their requests at once."""
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class Runner:
+    """An engine of one configuration, with its weights redrawn."""
+
+    def __init__(self, spec: Engine) -> None:
+        from vllm import LLM
+
+        self.spec = spec
+        t0 = time.perf_counter()
+        self.llm = LLM(**spec.kwargs())
+        self.startup_s = time.perf_counter() - t0
+        self.llm.apply_model(redraw_weights)
+        cfg = self.llm.llm_engine.vllm_config
+        self.block_size = cfg.cache_config.block_size
+        self.vocab = cfg.model_config.get_vocab_size()
+        print(
+            f"[e2e] engine {spec.label()}: up in {self.startup_s:.0f} s, block size "
+            f"{self.block_size}",
+            flush=True,
+        )
+
+    def serve(
+        self, prompts: list[list[int]], max_tokens: int, prompt_logprobs: bool = False
+    ) -> list[Served]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            detokenize=False,
+            prompt_logprobs=0 if prompt_logprobs else None,
+        )
+        with gpu_lock(self.spec.lock):
+            t0 = time.perf_counter()
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+            )
+            ms = (time.perf_counter() - t0) * 1e3
+        served = []
+        for p, o in zip(prompts, outs):
+            lps = []
+            if prompt_logprobs:
+                for tok, pos in zip(p[1:], o.prompt_logprobs[1:]):
+                    lps.append(pos[tok].logprob)
+            served.append(Served(list(o.outputs[0].token_ids), o.num_cached_tokens or 0, ms, lps))
+        return served
+
+    def counters(self) -> dict[str, float]:
+        """Prometheus counters of interest (spec decode, prefix cache)."""
+        want = (
+            "vllm:spec_decode_num_accepted_tokens",
+            "vllm:spec_decode_num_draft_tokens",
+            "vllm:prefix_cache_hits",
+            "vllm:prefix_cache_queries",
+        )
+        out: dict[str, float] = {}
+        for m in self.llm.get_metrics():
+            if m.name in want and hasattr(m, "value"):
+                out[m.name.split(":", 1)[1]] = out.get(m.name, 0.0) + float(m.value)
+        return out
+
+    def close(self) -> None:
+        import torch
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del self.llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+        torch.cuda.empty_cache()
+
+
+@contextmanager
+def engine(spec: Engine, failures: list[dict[str, Any]]) -> Iterator[Runner | None]:
+    """A Runner, or None (with the error recorded) when the engine fails."""
+    try:
+        runner = Runner(spec)
+    except Exception as e:  # an engine that cannot start is a result
+        traceback.print_exc()
+        failures.append({"engine": spec.label(), "error": f"{type(e).__name__}: {e}"[:500]})
+        yield None
+        return
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def identity_row(
+    spec: Engine, scenario: str, got: Served, ref: Served, ideal: int, block: int
+) -> dict[str, Any]:
+    same = got.tokens == ref.tokens
+    return common.make_row(
+        {"model": spec.model, "mode": spec.mode, "mtp_k": spec.mtp_k, "scenario": scenario},
+        "identical",
+        1.0,
+        1.0 if same else 0.0,
+        ref.ms,
+        got.ms,
+        cached_tokens=got.cached,
+        ideal_cached_tokens=ideal,
+        block_size=block,
+        first_divergence=first_divergence(got.tokens, ref.tokens),
+    )
+
+
+def suite_identity(
+    base: Engine, modes: list[str], ks: list[int], length: int, shared: int, failures: list
+) -> list[dict[str, Any]]:
+    """Same prompt twice, then a prompt sharing only ``shared`` tokens with it."""
+    rows = []
+    for k in ks:
+        ref_spec = replace(base, mode="none", mtp_k=k)
+        with engine(ref_spec, failures) as ref:
+            if ref is None:
+                continue
+            rng = random.Random(1000 + length)
+            a = prompt(rng, length, ref.vocab)
+            b = a[:shared] + prompt(rng, length - shared, ref.vocab)
+            ref_a, ref_b = (ref.serve([p], OUTPUT_TOKENS)[0] for p in (a, b))
+        for mode in modes:
+            spec = replace(base, mode=mode, mtp_k=k)
+            with engine(spec, failures) as run:
+                if run is None:
+                    continue
+                bs = run.block_size
+                cold = run.serve([a], OUTPUT_TOKENS)[0]
+                warm = run.serve([a], OUTPUT_TOKENS)[0]
+                part = run.serve([b], OUTPUT_TOKENS)[0]
+                acc = run.counters()
+                rows += [
+                    identity_row(spec, "cold", cold, ref_a, 0, bs),
+                    identity_row(spec, "same-twice", warm, ref_a, (length - 1) // bs * bs, bs),
+                    identity_row(spec, "shared-prefix", part, ref_b, shared // bs * bs, bs),
+                ]
+                for r in rows[-3:]:
+                    r["prompt_tokens"] = length
+                    r.update({f"engine_{n}": v for n, v in acc.items()})
+    return rows
+
+
+def suite_ttft(
+    base: Engine, mode: str, ks: list[int], prefixes: list[int], question: int, failures: list
+) -> list[dict[str, Any]]:
+    rows = []
+    for k in ks:
+        spec = replace(base, mode=mode, mtp_k=k, max_model_len=max(prefixes) + 2 * question + 64)
+        with engine(spec, failures) as run:
+            if run is None:
+                continue
+            rng = random.Random(2000 + k)
+            run.serve([prompt(rng, 512, run.vocab)], 4)  # first-request costs
+            for n in prefixes:
+                shared = prompt(rng, n, run.vocab)
+                cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+                warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+                rows.append(
+                    common.make_row(
+                        {"model": base.model, "mode": mode, "mtp_k": k, "prefix_tokens": n},
+                        "ttft_ms",
+                        cold.ms,
+                        warm.ms,
+                        cold.ms,
+                        warm.ms,
+                        question_tokens=question,
+                        cached_tokens=warm.cached,
+                        ideal_cached_tokens=n // run.block_size * run.block_size,
+                        block_size=run.block_size,
+                    )
+                )
+    return rows
+
+
+def suite_prefill(
+    base: Engine, tokens: list[int], seqs: list[int], reps: int, failures: list
+) -> list[dict[str, Any]]:
+    """chain vs fused SSD prefill: throughput, prompt logprobs, continuation."""
+    times: dict[str, dict[tuple[int, int], list[float]]] = {}
+    checks: dict[str, Served] = {}
+    for impl in ("chain", "fused"):
+        spec = replace(base, ssd_prefill=impl, max_model_len=max(tokens) + 64)
+        with engine(spec, failures) as run:
+            if run is None:
+                continue
+            rng = random.Random(3000)
+            checks[impl] = run.serve([prompt(rng, 2100, run.vocab)], 32, prompt_logprobs=True)[0]
+            run.serve([prompt(rng, 1024, run.vocab)], 1)
+            times[impl] = {}
+            for n in tokens:
+                for s in seqs:
+                    rng = random.Random(4000 + n + s)
+                    ms = []
+                    for _ in range(reps + 1):  # the first is a warm-up
+                        batch = [prompt(rng, n, run.vocab) for _ in range(s)]
+                        ms.append(run.serve(batch, 1)[0].ms)
+                    times[impl][(n, s)] = ms[1:]
+                    print(f"[e2e] prefill {impl} {n} x {s}: {ms[1:]} ms", flush=True)
+    rows = []
+    if len(times) == 2:
+        for (n, s), chain_ms in times["chain"].items():
+            b_ms, v_ms = statistics.median(chain_ms), statistics.median(times["fused"][(n, s)])
+            rows.append(
+                common.make_row(
+                    {"model": base.model, "tokens": n, "seqs": s},
+                    "prefill_tok_per_s",
+                    n * s / b_ms * 1e3,
+                    n * s / v_ms * 1e3,
+                    b_ms,
+                    v_ms,
+                    reps=reps,
+                )
+            )
+    if len(checks) == 2:
+        c, f = checks["chain"], checks["fused"]
+        diffs = [abs(x - y) for x, y in zip(c.logprobs, f.logprobs)]
+        row = common.make_row(
+            {"model": base.model, "mode": "none", "mtp_k": 0, "scenario": "fused-vs-chain"},
+            "identical",
+            1.0,
+            1.0 if c.tokens == f.tokens else 0.0,
+            c.ms,
+            f.ms,
+            first_divergence=first_divergence(f.tokens, c.tokens),
+            prompt_tokens=2100,
+            max_abs_logprob_diff=max(diffs) if diffs else math.nan,
+            mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
+        )
+        rows.append(row)
+    return rows
+
+
+# The default plan of each model: suite -> arguments.
+PLANS: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny-qwen3.5": {
+        "identity": {"modes": ["align"], "ks": [0, 1, 2, 3], "length": 2000, "shared": 1500},
+    },
+    "qwen3.5-9b-like": {
+        "identity": {"modes": ["align"], "ks": [0, 3], "length": 2144, "shared": 1072},
+        "ttft": {"mode": "align", "ks": [0, 3], "prefixes": [8192, 32768, 100000], "question": 200},
+    },
+    "mamba2-2.7b-like": {
+        "prefill": {"tokens": [1024, 16384, 65536], "seqs": [1, 8], "reps": 3},
+    },
+    "nemotron-h-8b-like": {
+        "prefill": {"tokens": [16384], "seqs": [1], "reps": 3},
+    },
+}
+SUITES = {"identity": suite_identity, "ttft": suite_ttft, "prefill": suite_prefill}
+
+
+def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Run ``plan``'s suites on engines made from ``base`` (model, eager, memory)."""
+    from compiled_ops import COUNTS
+
+    failures: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for suite, kwargs in plan.items():
+        t0 = time.perf_counter()
+        print(f"[e2e] {base.model}: {suite} {kwargs}", flush=True)
+        got = SUITES[suite](base, **kwargs, failures=failures)
+        for r in got:
+            r["suite"] = suite
+            r["eager"] = base.eager
+        rows += got
+        print(f"[e2e] {base.model}: {suite} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return {"model": base.model, "rows": rows, "failures": failures, "compiled_ops": dict(COUNTS)}
+
+
+def merge(out: Path) -> dict[str, Any]:
+    """One result (the common schema) from the parts in ``out``. The parts carry
+    the facts of the machine they ran on (so this needs no GPU); parts of
+    different machines or software are not merged."""
+    parts = [json.loads(p.read_text()) for p in sorted(out.glob("e2e-part-*.json"))]
+    if not parts:
+        raise SystemExit(f"e2e: no e2e-part-*.json in {out}: run a model first")
+    env = parts[0]["env"]
+    for p in parts[1:]:
+        differ = [k for k in ENV_KEYS if p["env"].get(k) != env.get(k)]
+        if differ:
+            raise SystemExit(
+                f"e2e: part {p['model']} ran with other {', '.join(differ)} than part "
+                f"{parts[0]['model']}: merge parts of one machine and software only"
+            )
+    rows = [r for p in parts for r in p["rows"]]
+    result: dict[str, Any] = {
+        "bench": BENCH,
+        **{k: env[k] for k in ("gpu", "torch", "triton", "vllm_base")},
+        "command": " && ".join(p["command"] for p in parts),
+        "rows": rows,
+        "gpu_name": env["gpu_name"],
+        "cuda": env["cuda"],
+        "created": max(p["created"] for p in parts),
+        "settings": {
+            "engine": "V1 engine core in-process, Model Runner V2",
+            "attention": "TRITON_ATTN",
+            "gdn_prefill": "FLA Triton (gdn_prefill_backend=triton; FlashInfer absent)",
+            "sampler": "PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0)",
+            "weights": f"dummy, redrawn from seed {WEIGHT_SEED} (harness.redraw_weights)",
+        },
+        "failures": [f for p in parts for f in p["failures"]],
+        "compiled_ops_called": {p["model"]: p["compiled_ops"] for p in parts},
+        # models whose engines ran beside other harness processes on the GPU
+        # (their timed requests serialized by --gpu-lock, their start-ups not)
+        "shared_gpu": sorted(p["model"] for p in parts if p.get("shared_gpu")),
+        "legend": (
+            "`prefill_tok_per_s`: baseline = chain (upstream SSD kernels), value = "
+            "fused; higher is better. `identical`: value 1 when the greedy tokens "
+            "equal the reference's (prefix caching off, or the chain for "
+            "fused-vs-chain), baseline 1. `ttft_ms`: baseline = cold, value = warm, "
+            "lower is better. Times are wall-clock per generate() call (medians "
+            "where reps > 1)."
+        ),
+    }
+    return result
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, float):
+        return "nan" if math.isnan(x) else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return "" if x is None else str(x)
+
+
+# metric -> (title, [(column, row -> value)])
+TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
+    "prefill_tok_per_s": (
+        "Whole-model prefill, --mamba-ssd-prefill chain vs fused (higher is better)",
+        [
+            ("model", lambda r: r["case"]["model"]),
+            ("tokens", lambda r: r["case"]["tokens"]),
+            ("seqs", lambda r: r["case"]["seqs"]),
+            ("chain tok/s", lambda r: r["baseline"]),
+            ("fused tok/s", lambda r: r["value"]),
+            ("fused / chain", lambda r: f"{r['ratio']:.3f}x"),
+            ("chain ms", lambda r: r["baseline_ms"]),
+            ("fused ms", lambda r: r["value_ms"]),
+        ],
+    ),
+    "ttft_ms": (
+        "Time to first token, prefix + 200-token question: cold vs warm (lower is better)",
+        [
+            ("model", lambda r: r["case"]["model"]),
+            ("mode", lambda r: r["case"]["mode"]),
+            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("prefix", lambda r: r["case"]["prefix_tokens"]),
+            ("cold ms", lambda r: r["baseline"]),
+            ("warm ms", lambda r: r["value"]),
+            ("warm / cold", lambda r: f"{r['ratio']:.3f}"),
+            ("cached", lambda r: r.get("cached_tokens")),
+            ("ideal", lambda r: r.get("ideal_cached_tokens")),
+            ("block", lambda r: r.get("block_size")),
+        ],
+    ),
+    "identical": (
+        "Greedy tokens against the reference (prefix caching off; for fused-vs-chain, the chain)",
+        [
+            ("model", lambda r: r["case"]["model"]),
+            ("mode", lambda r: r["case"]["mode"]),
+            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("scenario", lambda r: r["case"]["scenario"]),
+            ("identical", lambda r: "yes" if r["value"] == 1.0 else "no"),
+            ("first diverging token", lambda r: r.get("first_divergence")),
+            ("cached", lambda r: r.get("cached_tokens")),
+            ("ideal", lambda r: r.get("ideal_cached_tokens")),
+            ("block", lambda r: r.get("block_size")),
+            (
+                "MTP accepted / drafted",
+                lambda r: (
+                    f"{r['engine_spec_decode_num_accepted_tokens']:.0f} / "
+                    f"{r['engine_spec_decode_num_draft_tokens']:.0f}"
+                    if "engine_spec_decode_num_draft_tokens" in r
+                    else None
+                ),
+            ),
+            ("max / mean abs prompt-logprob diff", lambda r: _logprob_diffs(r)),
+        ],
+    ),
+}
+
+
+def _logprob_diffs(r: dict[str, Any]) -> str | None:
+    if "max_abs_logprob_diff" not in r:
+        return None
+    return f"{r['max_abs_logprob_diff']:.3g} / {r['mean_abs_logprob_diff']:.3g}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The result as one table per metric, with its settings and provenance."""
+    lines = [
+        f"# End to end through the patched engine on {result['gpu_name']}",
+        "",
+        f"- vLLM base {result['vllm_base']} (patched, Python sources of the GPU bundle), "
+        f"torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}",
+        f"- created {result['created']}; command(s): `{result['command']}`",
+        *(f"- {k}: {v}" for k, v in result["settings"].items()),
+        f"- compiled ops called: {json.dumps(result['compiled_ops_called'])}",
+        f"- engines beside other harness processes: {', '.join(result['shared_gpu']) or 'none'}",
+        *(f"- engine failed: {f['engine']}: {f['error']}" for f in result["failures"]),
+        *(f"- note: {n}" for n in result.get("notes", [])),
+    ]
+    for metric, (title, cols) in TABLES.items():
+        rows = [r for r in result["rows"] if r["metric"] == metric]
+        if not rows:
+            continue
+        lines += ["", f"## {title}", "", "| " + " | ".join(c for c, _ in cols) + " |"]
+        lines.append("|" + "---|" * len(cols))
+        lines += ["| " + " | ".join(_cell(f(r)) for _, f in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(PLANS), help="run this model's plan")
+    p.add_argument("--suite", action="append", default=[], help="only these suites")
+    p.add_argument("--plan", help="JSON object overriding the model's plan (suite -> args)")
+    p.add_argument("--eager", action="store_true", help="enforce_eager engines (say why)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=Engine.gpu_memory_utilization,
+        help="each engine's share of the GPU",
+    )
+    p.add_argument("--gpu-lock", type=Path, help="lock file shared by side-by-side harnesses")
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        help="fixed KV cache size per engine (to run harnesses side by side)",
+    )
+    p.add_argument("--merge", action="store_true", help="join the parts in --out")
+    p.add_argument("--note", action="append", default=[], help="with --merge: a note to keep")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        result = merge(args.out)
+        result["notes"] = args.note
+        problems = common.validate(result)
+        if problems:
+            raise SystemExit(f"e2e: result breaks the schema: {problems}")
+        stem = args.out / f"{BENCH}-{result['gpu']}"
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        text = markdown(result)
+        stem.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
+    if not args.model:
+        p.error("--model or --merge is required")
+    plan = json.loads(args.plan) if args.plan else PLANS[args.model]
+    if args.suite:
+        plan = {s: plan[s] for s in args.suite}
+    os.environ.update(ENGINE_ENV)
+    import compiled_ops
+
+    lib = compiled_ops.register()  # noqa: F841  (kept alive for the process)
+    base = Engine(
+        args.model,
+        eager=args.eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_gib=args.kv_cache_gib,
+        lock=args.gpu_lock,
+    )
+    part = run_model(base, plan)
+    part["plan"] = plan
+    part["env"] = common.versions()
+    part["command"] = common.command_line()
+    part["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    part["shared_gpu"] = args.gpu_lock is not None
+    (args.out / f"e2e-part-{args.model}.json").write_text(json.dumps(part, indent=1) + "\n")
+    bad = [r for r in part["rows"] if r["metric"] == "identical" and r["value"] != 1.0]
+    print(
+        f"[e2e] {args.model}: {len(part['rows'])} rows, {len(bad)} not identical, "
+        f"{len(part['failures'])} engine failures, compiled ops called "
+        f"{part['compiled_ops']}",
+        flush=True,
+    )
+    return 1 if part["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
