@@ -35,6 +35,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
 import time
@@ -337,12 +338,20 @@ def classify_and_replay(
             return Outcome(
                 entry.name, "upstream", files=files, detail="the merge left nothing to commit"
             )
+        why = []
+        for f in unmerged:
+            num = repo.run("diff", "--numstat", old_base, new_base, "--", f)
+            if num:
+                add, rem = num.split("\t")[:2]
+                why.append(f"`{f}` +{add}/-{rem}")
         return Outcome(
             entry.name,
             "conflict",
             files=unmerged,
             hunks=hunks + _conflict_regions(repo.path, unmerged),
-            detail=f"{len(unmerged)} file(s) with conflicts",
+            detail=f"{len(unmerged)} file(s) with conflicts; upstream changed "
+            + (", ".join(why) if why else "none of them")
+            + " between the two bases",
         )
     if repo.run("rev-parse", "HEAD~1^{tree}") == repo.run("rev-parse", "HEAD^{tree}"):
         repo.run("reset", "--quiet", "--hard", "HEAD~1")
@@ -535,6 +544,9 @@ def report_markdown(state: dict, entries: list[Entry], extra: str = "") -> str:
         *[f"| `{f}` | {n} | {c} |" for f, n, c in state.get("tests", [])],
         "",
     ]
+    if state.get("notes"):
+        lines += ["## Notes (by the person who ran it)", ""]
+        lines += [f"- {n}" for n in state["notes"]] + [""]
     if extra:
         lines += [extra, ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -793,6 +805,7 @@ def start(args: argparse.Namespace) -> int:
         + (["--source", args.source] if args.source != "sdist" else [])
         + (["--dry-run"] if args.dry_run else [])
         + ([f"--report {_shown(args.report, stack.root)}"] if args.report else [])
+        + [f"--note {shlex.quote(n)}" for n in args.note]
     )
     report = args.report or (
         stack.root / "results" / f"rebase-{version}.md"
@@ -817,6 +830,7 @@ def start(args: argparse.Namespace) -> int:
         "stopped": "",
         "phase": "replay",
         "report": str(Path(report).resolve()),
+        "notes": list(args.note),
         "apply_state": _read_state(repo),
         "had_tag": repo.has_ref(new.tag),
     }
@@ -1005,6 +1019,12 @@ def add_parser(sub) -> None:
         action="store_true",
         help="replay in a throwaway clone past conflicts and only write the report "
         "(default results/rebase-<version>.md)",
+    )
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="a line for the report's Notes section (why an entry needs work, as found by hand)",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving")
