@@ -35,7 +35,6 @@ import io
 import json
 import os
 import re
-import shlex
 import shutil
 import tempfile
 import time
@@ -351,7 +350,8 @@ def classify_and_replay(
             hunks=hunks + _conflict_regions(repo.path, unmerged),
             detail=f"{len(unmerged)} file(s) with conflicts; upstream changed "
             + (", ".join(why) if why else "none of them")
-            + " between the two bases",
+            + " from the old base to the new"
+            + (f"; gone in the new base: {', '.join(gone)}" if gone else ""),
         )
     if repo.run("rev-parse", "HEAD~1^{tree}") == repo.run("rev-parse", "HEAD^{tree}"):
         repo.run("reset", "--quiet", "--hard", "HEAD~1")
@@ -545,8 +545,8 @@ def report_markdown(state: dict, entries: list[Entry], extra: str = "") -> str:
         "",
     ]
     if state.get("notes"):
-        lines += ["## Notes (by the person who ran it)", ""]
-        lines += [f"- {n}" for n in state["notes"]] + [""]
+        lines += [f"## Notes (from `{state['notes'][0]}`, by the person who ran it)", ""]
+        lines += [state["notes"][1].strip(), ""]
     if extra:
         lines += [extra, ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -762,6 +762,15 @@ def _stop_message(state: dict) -> str:
     )
 
 
+def _read_notes(path: Path | None, root: Path) -> list[str]:
+    if path is None:
+        return []
+    try:
+        return [_shown(path, root), Path(path).read_text()]
+    except OSError as e:
+        raise StackError(f"cannot read the notes file {path}: {e.strerror}") from None
+
+
 def _shown(path: Path, root: Path) -> str:
     p = Path(path).resolve()
     return p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p)
@@ -805,7 +814,7 @@ def start(args: argparse.Namespace) -> int:
         + (["--source", args.source] if args.source != "sdist" else [])
         + (["--dry-run"] if args.dry_run else [])
         + ([f"--report {_shown(args.report, stack.root)}"] if args.report else [])
-        + [f"--note {shlex.quote(n)}" for n in args.note]
+        + ([f"--notes {_shown(args.notes, stack.root)}"] if args.notes else [])
     )
     report = args.report or (
         stack.root / "results" / f"rebase-{version}.md"
@@ -830,7 +839,7 @@ def start(args: argparse.Namespace) -> int:
         "stopped": "",
         "phase": "replay",
         "report": str(Path(report).resolve()),
-        "notes": list(args.note),
+        "notes": _read_notes(args.notes, stack.root),
         "apply_state": _read_state(repo),
         "had_tag": repo.has_ref(new.tag),
     }
@@ -1021,10 +1030,11 @@ def add_parser(sub) -> None:
         "(default results/rebase-<version>.md)",
     )
     p.add_argument(
-        "--note",
-        action="append",
-        default=[],
-        help="a line for the report's Notes section (why an entry needs work, as found by hand)",
+        "--notes",
+        type=Path,
+        default=None,
+        help="markdown file for the report's Notes section (why entries need work, as "
+        "found by hand)",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving")
