@@ -286,3 +286,24 @@ def test_target_without_announced_hash_is_refused(base: Toy, capsys):
     assert (toy.root / "patches/pin.toml").read_bytes() == pin
     assert not subprocess.run(["true"]).returncode
     assert not (Path(toy.root) / "work/rebase").exists()
+
+
+def test_rebase_onto_a_git_ref(base: Toy, tmp_path: Path):
+    toy = base
+    add_entry(toy, "clean", {"vllm/core.py": CLEAN_CORE})
+    release(toy, "0.0.2", CORE_V1)  # the pin still names the release's sdist
+    upstream = tmp_path / "upstream"
+    (upstream / "vllm").mkdir(parents=True)
+    (upstream / "vllm/core.py").write_text(CORE_V1)
+    (upstream / "vllm/from_git.py").write_text("GIT = 1\n")
+    git(upstream, "init", "-q")
+    git(upstream, "add", ".")
+    git(upstream, "commit", "-qm", "v0.0.2")
+    git(upstream, "tag", "v0.0.2")
+    pin = toy.root / "patches/pin.toml"
+    pin.write_text(pin.read_text() + f'\n[upstream.git]\nurl = "{upstream}"\nref = "v0.0.1"\n')
+    assert toy.cli("rebase", "v0.0.2", "--source", "git") == 0
+    moved = load_pin(pin)
+    assert (moved.version, moved.git_ref, moved.git_url) == ("0.0.2", "v0.0.2", str(upstream))
+    assert git(toy.work, "ls-files", "vllm/from_git.py") == "vllm/from_git.py"
+    assert "return x + 1  # clean" in (toy.work / "vllm/core.py").read_text()

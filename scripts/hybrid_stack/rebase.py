@@ -618,17 +618,28 @@ def _fetch_base(stack: Stack, repo: Repo, new: Pin, source: str) -> str:
     return repo.rev(new.tag)
 
 
-def _copy_outputs(stack: Stack, pin: Pin, source: str, work: Path) -> None:
-    from hybrid_stack.apply import _copy_build_outputs, build_outputs, ensure_base
+def _move_outputs(project: str, src: Path, dest: Path) -> None:
+    """Replace the setuptools build outputs (untracked, ignored) in dest by src's."""
+    from hybrid_stack.apply import build_outputs
 
-    s = Stack(root=stack.root, pin=pin, entries=stack.entries)
-    for out in build_outputs(pin.project):
-        p = work / out
+    for out in build_outputs(project):
+        p, q = dest / out, src / out
         if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():
             p.unlink()
-    _copy_build_outputs(s, ensure_base(s, source), work)
+        if q.is_dir():
+            shutil.copytree(q, p)
+        elif q.is_file():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(q, p)
+
+
+def _copy_outputs(stack: Stack, pin: Pin, source: str, work: Path) -> None:
+    from hybrid_stack.apply import ensure_base
+
+    s = Stack(root=stack.root, pin=pin, entries=stack.entries)
+    _move_outputs(pin.project, ensure_base(s, source), work)
 
 
 def _entry_commits(stack: Stack, repo: Repo, base: str) -> list[tuple[str, str]]:
@@ -847,6 +858,7 @@ def start(args: argparse.Namespace) -> int:
         return _dry_run(stack, repo, new, state)
     # from here on every step can be undone by --abort
     _save_files(stack)
+    _move_outputs(stack.pin.project, work, state_dir(stack) / "outputs")
     pin_file = (stack.patches_dir / "pin.toml").read_text()
     _write_atomic(state_dir(stack) / "new-pin.toml", pin_text(pin_file, stack.pin, new).encode())
     save_state(stack, state)
@@ -992,8 +1004,8 @@ def abort(args: argparse.Namespace) -> int:
     if not state["had_tag"] and repo.has_ref(new_tag):
         repo.run("tag", "--delete", new_tag)
     _restore_files(stack)
-    old_pin = load_pin(stack.patches_dir / "pin.toml")
-    _copy_outputs(stack, old_pin, state["source"], Path(state["work"]))
+    project = load_pin(stack.patches_dir / "pin.toml").project
+    _move_outputs(project, state_dir(stack) / "outputs", Path(state["work"]))
     repo.run("update-ref", "-d", f"{PRE_REBASE_REF}/v{state['old_version']}", check=False)
     if state["apply_state"]:
         _write_state(repo, state["apply_state"])
