@@ -215,9 +215,10 @@ def test_interrupted_rebase_never_half_moves_the_pin(base: Toy, monkeypatch, cap
 
     def killed_at_second(repo, commit, entry, *a):
         calls.append(entry.name)
+        got = real(repo, commit, entry, *a)
         if entry.name == "two" and calls.count("two") == 1:
-            raise KeyboardInterrupt
-        return real(repo, commit, entry, *a)
+            raise KeyboardInterrupt  # committed in the tree, not yet recorded
+        return got
 
     monkeypatch.setattr(rebase, "classify_and_replay", killed_at_second)
     assert toy.cli("rebase", "0.0.2") == 130
@@ -230,8 +231,32 @@ def test_interrupted_rebase_never_half_moves_the_pin(base: Toy, monkeypatch, cap
     monkeypatch.setattr(rebase, "write_pin", real_write)
     assert toy.cli("rebase", "--continue") == 0
     assert load_pin(toy.root / "patches/pin.toml").version == "0.0.2"
-    assert calls == ["one", "two", "two"]  # 'one' was kept from before the kill
+    # HEAD held both entries: neither was replayed again (nor taken for upstream)
+    assert calls == ["one", "two"]
+    assert [e.status for e in load_series(toy.root / "patches/series.toml")] == ["carried"] * 2
+    assert outcomes((toy.root / "work/rebase-0.0.2.md").read_text()) == {
+        "one": "applied cleanly",
+        "two": "applied cleanly",
+    }
     assert toy.cli("check") == 0
+
+
+def test_abort_after_an_interrupted_finish(base: Toy, monkeypatch):
+    toy = base
+    add_entry(toy, "clean", {"vllm/core.py": CLEAN_CORE})
+    core = (toy.work / "vllm/core.py").read_text()
+    add_entry(toy, "threeway", {"vllm/core.py": edit(core, 10, "    return x + 10  # 3w\n")})
+    release(toy, "0.0.2", CORE_V1.replace("def f11(x):", "def f11(x):  # renamed"))
+    before = stack_state(toy)
+    monkeypatch.setattr(rebase, "write_pin", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert toy.cli("rebase", "0.0.2") == 130
+    # export already rewrote the moved patch; the pin did not move
+    assert toy.snapshot()["patches/threeway.patch"] != before["files"]["patches/threeway.patch"]
+    assert (toy.root / "patches/pin.toml").read_bytes() == before["files"]["pin"]
+    monkeypatch.undo()
+    assert toy.cli("rebase", "--abort") == 0
+    assert stack_state(toy) == before
+    assert not (toy.root / "work/rebase-0.0.2.md").exists()
 
 
 def test_round_trip_is_byte_identical(base: Toy):

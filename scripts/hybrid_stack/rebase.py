@@ -859,6 +859,9 @@ def start(args: argparse.Namespace) -> int:
     # from here on every step can be undone by --abort
     _save_files(stack)
     _move_outputs(stack.pin.project, work, state_dir(stack) / "outputs")
+    report_path = Path(state["report"])
+    if report_path.is_file():
+        shutil.copy2(report_path, state_dir(stack) / "report.md")
     pin_file = (stack.patches_dir / "pin.toml").read_text()
     _write_atomic(state_dir(stack) / "new-pin.toml", pin_text(pin_file, stack.pin, new).encode())
     save_state(stack, state)
@@ -1006,6 +1009,11 @@ def abort(args: argparse.Namespace) -> int:
     _restore_files(stack)
     project = load_pin(stack.patches_dir / "pin.toml").project
     _move_outputs(project, state_dir(stack) / "outputs", Path(state["work"]))
+    report, kept = Path(state["report"]), state_dir(stack) / "report.md"
+    if kept.is_file():
+        shutil.copy2(kept, report)
+    else:
+        report.unlink(missing_ok=True)
     repo.run("update-ref", "-d", f"{PRE_REBASE_REF}/v{state['old_version']}", check=False)
     if state["apply_state"]:
         _write_state(repo, state["apply_state"])
