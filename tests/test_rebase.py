@@ -145,6 +145,7 @@ def test_rebase_conflict_continue(base: Toy, capsys):
     )
     new = edit(edit(CORE_V1, 3, "    return x + 3 + 0\n"), 15, "    return x + 15  # fix\n")
     name, sha = release(toy, "0.0.2", new, files={"vllm/up.py": "U = 1\n"})
+    assert toy.cli("apply") == 0  # the canonical commits (messages from the series)
     pin_before = (toy.root / "patches/pin.toml").read_bytes()
     capsys.readouterr()
     assert toy.cli("rebase", "0.0.2") == 2
@@ -174,6 +175,9 @@ def test_rebase_conflict_continue(base: Toy, capsys):
         "conflict": "conflict, resolved by hand",
         "upstream": "already upstream",
     }
+    # the range-diff per entry: the hand-resolved patch changed, the clean one did not
+    assert "| `conflict` | changed |" in report and "| `clean` | unchanged |" in report
+    assert "| `upstream` | only before |" in report
     assert not rebase.state_dir(rebase.load_stack(toy.root)).exists()
     assert git(toy.work, "describe", "--tags", "--abbrev=0") == "v0.0.2"
     assert toy.cli("check") == 0
@@ -298,6 +302,9 @@ def test_range_diff_between_two_commits(base: Toy, capsys):
     assert re.search(r"\| `clean` \| unchanged \|", out)
     assert re.search(r"\| `other` \| changed \|", out)
     assert "-+    return x + 7  # a" in out and "++    return x + 7  # b" in out
+    assert toy.cli("range-diff", a, "HEAD", "--entry", "other") == 0
+    only = capsys.readouterr().out
+    assert "| `other` | changed |" in only and "`clean`" not in only
 
 
 def test_target_without_announced_hash_is_refused(base: Toy, capsys):

@@ -68,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
         )
         pairs = range_diff(repo, a.pin.tag, "stack", "refs/range-diff/b-base", "refs/range-diff/b")
     if args.entry:
-        names = {e.subject.strip(): e.name for e in [*a.entries, *b.entries]}
-        pairs = [p for p in pairs if names.get(p["subject"].strip()) == args.entry]
+        pairs = [p for p in pairs if p["entry"] == args.entry]
         if not pairs:
             raise StackError(f"no entry '{args.entry}' on either side: check the name")
     label_a = f"{args.a} (vLLM {a.pin.version})"

@@ -383,8 +383,16 @@ def range_diff(repo: Repo, a_base: str, a_head: str, b_base: str, b_head: str) -
     for line in out.splitlines():
         m = head_re.match(line)
         if m:
+            sha = m.group(5) if m.group(3) != "<" else m.group(2)
+            names = TRAILER_RE.findall(repo.message(sha)) if sha.strip("-") else []
             pairs.append(
-                {"a": m.group(1), "relation": m.group(3), "b": m.group(4), "subject": m.group(6)}
+                {
+                    "a": m.group(1),
+                    "relation": m.group(3),
+                    "b": m.group(4),
+                    "subject": m.group(6),
+                    "entry": names[0] if len(names) == 1 else "",
+                }
             )
             pairs[-1]["text"] = []
         elif pairs:
@@ -404,20 +412,21 @@ def entry_of_subject(entries: list[Entry], subject: str) -> str:
     return subject
 
 
+def _pair_name(p: dict, entries: list[Entry]) -> str:
+    return p.get("entry") or entry_of_subject(entries, p["subject"])
+
+
 def range_diff_markdown(pairs: list[dict], entries: list[Entry], a: str, b: str) -> str:
     lines = [
         f"| entry | {a} -> {b} |",
         "|---|---|",
-        *[
-            f"| `{entry_of_subject(entries, p['subject'])}` | {RELATION[p['relation']]} |"
-            for p in pairs
-        ],
+        *[f"| `{_pair_name(p, entries)}` | {RELATION[p['relation']]} |" for p in pairs],
         "",
     ]
     for p in pairs:
         if p["relation"] == "!" and p["text"]:
             lines += [
-                f"<details><summary><code>{entry_of_subject(entries, p['subject'])}</code>: "
+                f"<details><summary><code>{_pair_name(p, entries)}</code>: "
                 "what changed in the patch</summary>",
                 "",
                 "```diff",
