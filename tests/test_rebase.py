@@ -172,7 +172,7 @@ def test_rebase_conflict_continue(base: Toy, capsys):
     report = (toy.root / "work/rebase-0.0.2.md").read_text()
     assert outcomes(report) == {
         "clean": "applied cleanly",
-        "conflict": "conflict, resolved by hand",
+        "conflict": "resolved by hand",
         "upstream": "already upstream",
     }
     # the range-diff per entry: the hand-resolved patch changed, the clean one did not
@@ -339,3 +339,31 @@ def test_rebase_onto_a_git_ref(base: Toy, tmp_path: Path):
     assert (moved.version, moved.git_ref, moved.git_url) == ("0.0.2", "v0.0.2", str(upstream))
     assert git(toy.work, "ls-files", "vllm/from_git.py") == "vllm/from_git.py"
     assert "return x + 1  # clean" in (toy.work / "vllm/core.py").read_text()
+
+
+def test_obsolete_entry_ported_by_hand(base: Toy, capsys):
+    toy = base
+    add_entry(toy, "legacy", {"vllm/old.py": "def legacy():\n    return 2\n"})
+    # 0.0.2 moved legacy() into vllm/compat.py
+    release(
+        toy,
+        "0.0.2",
+        CORE_V1,
+        drop=("vllm/old.py",),
+        files={"vllm/compat.py": "def legacy():\n    return 1\n"},
+    )
+    capsys.readouterr()
+    assert toy.cli("rebase", "0.0.2") == 2
+    msg = capsys.readouterr().err
+    assert "entry 'legacy' is obsolete on vLLM 0.0.2 (vllm/old.py)" in msg
+    assert "commit it with the trailer 'Stack-Entry: legacy'" in msg
+    assert toy.cli("rebase", "--continue") == 2  # nothing ported yet
+    assert "HEAD does not hold entry 'legacy' yet" in capsys.readouterr().err
+    toy.commit_in_work("legacy", {"vllm/compat.py": "def legacy():\n    return 2\n"})
+    assert toy.cli("rebase", "--continue") == 0
+    patch = (toy.root / "patches/legacy.patch").read_text()
+    assert "vllm/compat.py" in patch and "vllm/old.py" not in patch
+    report = (toy.root / "work/rebase-0.0.2.md").read_text()
+    assert outcomes(report) == {"legacy": "resolved by hand"}
+    assert "obsolete: the new base has none of the files it edits" in report
+    assert toy.cli("check") == 0

@@ -53,8 +53,7 @@ OUTCOME_TEXT = {
     "upstream": "already upstream",
     "obsolete": "obsolete",
     "conflict": "conflict",
-    "resolved": "conflict, resolved by hand",
-    "skipped": "not replayed (dry run: an earlier entry needs work)",
+    "resolved": "resolved by hand",
 }
 PRE_REBASE_REF = "refs/hybrid-stack/pre-rebase"
 TRAILER_RE = re.compile(rf"^{TRAILER_ENTRY}:\s*(\S+)\s*$", re.MULTILINE)
@@ -518,7 +517,7 @@ def report_markdown(state: dict, entries: list[Entry], extra: str = "") -> str:
             f" (+{len(o.files) - 4})" if len(o.files) > 4 else ""
         )
         lines.append(f"| {i} | `{o.name}` | {OUTCOME_TEXT[o.outcome]} | {files} | {o.detail} |")
-    need = [o for o in outs if o.outcome in ("conflict", "obsolete", "resolved", "skipped")]
+    need = [o for o in outs if o.outcome in ("conflict", "obsolete", "resolved")]
     lines += ["", "## Entries that need work", ""]
     if not need:
         lines.append("None: every entry replays without a hand edit.")
@@ -979,7 +978,7 @@ def cont(args: argparse.Namespace) -> int:
             if o is None:
                 o = asdict(Outcome(name, "clean", detail="replayed before an interruption"))
             elif o["outcome"] in ("conflict", "obsolete"):
-                o = {**o, "outcome": "resolved"}
+                o = {**o, "outcome": "resolved", "detail": f"{o['outcome']}: {o['detail']}"}
             outcomes.append(o)
         elif o and o["outcome"] == "upstream":
             outcomes.append(o)
