@@ -25,6 +25,9 @@ VERBS = (
     "testcmd",
     "bundle",
     "kstats",
+    "rebase",
+    "rangediff",
+    "prstack",
 )
 
 
