@@ -46,7 +46,7 @@ DEFAULT_PYTHON = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_31_x86_64"
 DATA_DIR = Path(__file__).parent / "bundle_data"
 BENCH_DIR = Path(__file__).parent / "bench"
-BENCHES = ("state_copy", "ssd_prefill", "gdn_prefill")
+BENCHES = ("state_copy", "ssd_prefill", "gdn_prefill", "gdn_checkpoint")
 
 # Pure-Python (or self-contained binary) deps that vLLM 0.33.0 imports and a plain
 # torch+triton GPU image lacks, pinned to a set known to work together (pydantic
