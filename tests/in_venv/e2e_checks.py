@@ -12,6 +12,8 @@ import json
 import math
 import os
 import runpy
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,6 +69,21 @@ def test_lookup_only_ops_have_the_trees_schema_and_raise(shims):
     assert shims.COUNTS["silu_and_mul"] == before + 1
 
 
+def test_vllm_loads_the_shims_as_a_general_plugin():
+    """A fresh process (as a tensor-parallel worker is) gets the shims from
+    vLLM's plugin loading alone."""
+    code = (
+        "import torch\n"
+        "assert not hasattr(torch.ops._C, 'weak_ref_tensor')\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "print(hasattr(torch.ops._C, 'weak_ref_tensor'), hasattr(torch.ops._C, 'silu_and_mul'))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", "True"]
+
+
 def test_register_refuses_an_op_without_schema():
     schemas = dict(compiled_ops.load_schemas())
     schemas.pop("rotary_embedding")
@@ -118,6 +135,7 @@ def test_qwen35_9b_like_has_the_hitrate_benchmarks_dims():
         harness.Engine("qwen3.5-9b-like", mode="all", eager=True),
         harness.Engine("mamba2-2.7b-like", ssd_prefill="fused"),
         harness.Engine("nemotron-h-8b-like", ssd_prefill="chain"),
+        harness.Engine("tiny-qwen3.5", mode="align", mtp_k=1, tensor_parallel_size=2),
     ],
 )
 def test_engine_kwargs_are_vllm_engine_args(spec):
@@ -135,6 +153,7 @@ def test_engine_kwargs_are_vllm_engine_args(spec):
     k = (args.speculative_config or {}).get("num_speculative_tokens", 0)
     assert k == spec.mtp_k
     assert args.enforce_eager is spec.eager
+    assert args.tensor_parallel_size == spec.tensor_parallel_size
     assert args.kv_cache_memory_bytes == (
         int(spec.kv_cache_gib * 2**30) if spec.kv_cache_gib else None
     )

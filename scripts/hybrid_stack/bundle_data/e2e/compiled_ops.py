@@ -22,6 +22,10 @@ module answers both under the ops' own names and schemas (taken from the tree's
     fails loudly instead of computing something else. ``COUNTS`` records every
     call of both kinds, and the harness reports it.
 
+With e2e/ on the import path, the dist-info beside this file makes ``plugin``
+a vLLM general plugin, so every engine process (the in-process engine core and
+tensor-parallel workers alike) registers the shims before it builds a model.
+
 An op vLLM probes with ``hasattr(torch.ops._C, name)`` to choose between its
 compiled form and a fallback must never be defined here: that would switch the
 engine onto a path that then raises. The bundle builder refuses such a name.
@@ -41,6 +45,8 @@ SCHEMAS = Path(__file__).with_name("op_schemas.json")
 NAMESPACE = "_C"
 
 COUNTS: Counter[str] = Counter()
+# The library of this process's registration (dropping it unregisters the ops).
+_REGISTERED: list[torch.library.Library] = []
 
 
 def weak_ref_tensor(input: torch.Tensor) -> torch.Tensor:
@@ -134,3 +140,9 @@ def register(schemas: dict[str, str] | None = None) -> torch.library.Library:
         lib.define(schemas[name])
         lib.impl(name, impl, "CompositeExplicitAutograd")
     return lib
+
+
+def plugin() -> None:
+    """vLLM general plugin (``vllm.general_plugins``): register once per process."""
+    if not _REGISTERED:
+        _REGISTERED.append(register())

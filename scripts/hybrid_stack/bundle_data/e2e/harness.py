@@ -66,7 +66,14 @@ ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
 # harness reaches the model and the shims apply), and the Model Runner V2
 # sampler takes its PyTorch path (the FlashInfer sampler is not on the GPU
 # machine).
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    # several GPUs: never NVLink multicast (the GPU machines' rule)
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 # Mamba cache modes with prefix caching on; "none" is prefix caching off.
 MODES = ("none", "align", "all")
 OUTPUT_TOKENS = 24
@@ -91,6 +98,9 @@ class Engine:
     # does not beside Mamba2-2.7B's 168 MiB per sequence on one H200.
     max_num_seqs: int = 64
     lock: Path | None = None  # see gpu_lock
+    # Each rank redraws its own shard from the seed, so engines of one
+    # tensor-parallel size share weights; across sizes they differ.
+    tensor_parallel_size: int = 1
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -101,6 +111,7 @@ class Engine:
             "attention_backend": "TRITON_ATTN",
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "seed": 0,
             "disable_log_stats": False,
@@ -631,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         help="each engine's share of the GPU",
     )
     p.add_argument("--gpu-lock", type=Path, help="lock file shared by side-by-side harnesses")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine")
     p.add_argument(
         "--kv-cache-gib",
         type=float,
@@ -659,15 +671,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite:
         plan = {s: plan[s] for s in args.suite}
     os.environ.update(ENGINE_ENV)
+    # tensor-parallel workers are processes of their own: they import this
+    # module (redraw_weights travels by name) and the shims
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
+    )
     import compiled_ops
 
-    lib = compiled_ops.register()  # noqa: F841  (kept alive for the process)
+    compiled_ops.plugin()  # vLLM also calls it (general plugin) in every process
     base = Engine(
         args.model,
         eager=args.eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_gib=args.kv_cache_gib,
         lock=args.gpu_lock,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     part = run_model(base, plan)
     part["plan"] = plan

@@ -41,9 +41,8 @@ def base_engine() -> harness.Engine:
 def shims():
     import compiled_ops
 
-    lib = compiled_ops.register()
-    yield compiled_ops
-    del lib
+    compiled_ops.plugin()
+    return compiled_ops
 
 
 @pytest.mark.parametrize("mtp_k", [0, 1, 2, 3])
