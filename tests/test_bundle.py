@@ -135,7 +135,8 @@ def test_bundle_holds_sources_tests_benches_wheels(built: Path, wheel_dir: Path)
     for name, ids in manifest["selections"].items():
         for tid in ids:
             assert tid.split("::")[0] in files, (name, tid)
-    assert manifest["selections"]["quick"], "quick must select something"
+    # quick is the few upstream files, never an entry's (large) selection
+    assert manifest["selections"]["quick"] == list(bundle.QUICK)
     tree_tests = {p.relative_to(TREE).as_posix() for p in (TREE / "tests/kernels/mamba").rglob("*")}
     assert {t for t in tree_tests if t.endswith(".py")} <= files
     # helpers the tests import are carried (tests.kernels.utils, tests.utils, ...)
@@ -172,6 +173,31 @@ def test_size_limit_is_enforced(tmp_path: Path, wheel_dir: Path, capsys: pytest.
     assert rc == 2
     assert "over the 0.5 MiB limit" in err
     assert not (out / f"{bundle.DEFAULT_NAME}.tar.gz").exists()
+
+
+@needs_tree
+def test_out_may_name_the_tarball(tmp_path: Path, wheel_dir: Path):
+    out = tmp_path / "sub" / "b.tgz"
+    rc = main(["--root", str(ROOT), "bundle", "--wheel-dir", str(wheel_dir), "--out", str(out)])
+    assert rc == 0
+    assert out.is_file() and tarfile.is_tarfile(out)
+    assert (tmp_path / "sub" / "b.listing.txt").is_file()
+    with tarfile.open(out) as tf:
+        assert f"{bundle.DEFAULT_NAME}/run.py" in tf.getnames()
+
+
+@needs_tree
+def test_out_that_cannot_be_written_is_one_line(
+    tmp_path: Path, wheel_dir: Path, capsys: pytest.CaptureFixture
+):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    argv = ["--root", str(ROOT), "bundle", "--wheel-dir", str(wheel_dir)]
+    rc = main([*argv, "--out", str(blocker / "b")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "cannot write the bundle to" in err and "writable folder" in err
+    assert blocker.read_text() == "not a folder"
 
 
 # --- wheels ---------------------------------------------------------------------
