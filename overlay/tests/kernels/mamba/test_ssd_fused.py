@@ -101,7 +101,7 @@ def chunk_metadata(
             pos += min(chunk_size - pos % chunk_size, end - pos)
             bounds.append(pos)
             seq_idx.append(s)
-        last.append(len(seq_idx) - 1)
+        last.append(len(seq_idx) - 1 if n else -1)  # -1: no chunks
     cu = [0, *itertools.accumulate(lens)]
 
     def t(v: list[int]) -> torch.Tensor:
@@ -551,6 +551,64 @@ def test_fused_ssd_flag_buffer_kept_and_graphs(fused_form):
     kept = [b for (d, _), b in ssd_fused_launch._SYNC.items() if d == dev]
     assert len(kept) >= 2  # this test's two streams
     assert all(int(b.abs().sum()) == 0 for b in kept)
+
+
+EMPTY_SEQ_LENS = [
+    [37, 0, 50, 0, 0, 20],  # empty sequences between non-empty ones
+    [0, 0, 40, 9],  # empty first sequences
+    [25, 0],  # an empty last sequence
+]
+
+
+@requires_gpu_or_interpreter
+@pytest.mark.parametrize("lens", EMPTY_SEQ_LENS)
+@pytest.mark.parametrize("use_init,scatter", [(True, True), (False, False)])
+@pytest.mark.parametrize("itype", [torch.float32, torch.bfloat16])
+def test_fused_ssd_empty_sequences(lens, use_init, scatter, itype, fused_form):
+    """Empty sequences (repeated cu_seqlens entries, last_chunk_indices -1):
+    the final state of one is its initial state, or zeros; the sequences
+    around it are computed as without it (fp64 reference and the chain)."""
+    if INTERPRETER and itype != torch.float32:
+        pytest.skip("the interpreter's bf16 tl.dot is not usable")
+    device = "cpu" if INTERPRETER else current_platform.device_type
+    chunk_size = 16 if INTERPRETER else 128
+    lens = [n * chunk_size // 16 for n in lens]
+    hd = 16 if INTERPRETER else 64
+    inp = make_inputs(lens, 4, hd, 2, 16, itype, device, seed=len(lens))
+    require_form(fused_form, inp, chunk_size)
+    kw = dict(use_z=False, d_mode="head", use_init=use_init, scatter=scatter)
+    out, finals, _, (cu, _, last, _), D = run_case(
+        fused_form.fn, lens, chunk_size, inp, **kw
+    )
+    assert int((last == -1).sum()) == lens.count(0)
+    out_c, finals_c = run_case(
+        mamba_chunk_scan_combined_varlen, lens, chunk_size, inp, **kw
+    )[:2]
+    ref_out, ref_final, _ = reference_for(inp, cu, D, use_z=False, use_init=use_init)
+    assert not out.isnan().any() and not finals.isnan().any()
+    assert_as_accurate_as_chain(out, out_c, ref_out, itype, "outputs")
+    for s, n in enumerate(lens):
+        if n == 0:  # exactly the initial state (state_dtype fp32), or zeros
+            want = inp["init"][s] if use_init else torch.zeros_like(finals[s])
+            torch.testing.assert_close(finals[s], want, rtol=0, atol=0)
+        else:
+            assert_as_accurate_as_chain(
+                finals[s], finals_c[s], ref_final[s], itype, f"final state {s}"
+            )
+
+
+@requires_gpu_or_interpreter
+@pytest.mark.parametrize("use_init,scatter", [(True, True), (False, False)])
+def test_fused_ssd_all_sequences_empty(use_init, scatter):
+    """No tokens at all: nothing is launched, the final states are the
+    initial states (or zeros), returned or written into their slots."""
+    device = "cpu" if INTERPRETER else current_platform.device_type
+    lens = [0, 0, 0]
+    inp = make_inputs(lens, 4, 16, 2, 16, torch.float32, device, seed=1)
+    kw = dict(use_z=False, d_mode="head", use_init=use_init, scatter=scatter)
+    finals = run_case(_mamba_chunk_scan_fused_fwd, lens, 16, inp, **kw)[1]
+    want = inp["init"] if use_init else torch.zeros_like(finals)
+    torch.testing.assert_close(finals, want, rtol=0, atol=0)
 
 
 def record_launch(monkeypatch, run: Callable[[], None]) -> tuple:

@@ -157,6 +157,60 @@ def _load_rows(base, rows, mask_rows, cols, mask_cols, stride_row, stride_col):
 
 
 @triton.jit
+def _write_empty_finals(
+    s_lo,
+    s_hi,
+    h,
+    offs_p,
+    offs_n,
+    state_mask,
+    init_ptr,
+    final_ptr,
+    final_idx_ptr,
+    stride_init_b,
+    stride_init_h,
+    stride_init_p,
+    stride_init_n,
+    stride_final_s,
+    stride_final_h,
+    stride_final_p,
+    stride_final_n,
+    stride_final_idx,
+    HAS_INITSTATES: tl.constexpr,
+    FINAL_HAS_INDICES: tl.constexpr,
+):
+    """Final states of the empty sequences s_lo .. s_hi - 1 (head h, this
+    program's slice): their initial states, or zeros."""
+    for s in range(s_lo, s_hi):
+        s64 = s + tl.zeros([], tl.int64)
+        if HAS_INITSTATES:
+            v = tl.load(
+                init_ptr
+                + s64 * stride_init_b
+                + h * stride_init_h
+                + offs_p[:, None] * stride_init_p
+                + offs_n[None, :] * stride_init_n,
+                mask=state_mask,
+                other=0.0,
+            )
+        else:
+            v = tl.where(state_mask, 0.0, 0.0)
+        if FINAL_HAS_INDICES:
+            slot = tl.load(final_idx_ptr + s * stride_final_idx).to(tl.int64)
+        else:
+            slot = s64
+        tl.store(
+            final_ptr
+            + slot * stride_final_s
+            + h * stride_final_h
+            + offs_p[:, None] * stride_final_p
+            + offs_n[None, :] * stride_final_n,
+            v.to(final_ptr.dtype.element_ty),
+            mask=state_mask,
+        )
+
+
+@triton.jit
 def _dt_process(
     dt,
     valid,
@@ -200,6 +254,8 @@ def _ssd_fused_varlen_kernel(
     # runtime scalars
     dt_min,
     dt_max,
+    nchunks,
+    batch,
     # sizes
     nheads: tl.constexpr,
     hdim: tl.constexpr,
@@ -378,6 +434,18 @@ def _ssd_fused_varlen_kernel(
                 s_end.to(final_ptr.dtype.element_ty),
                 mask=state_mask,
             )
+            # Empty sequences have no chunks (last_chunk_indices == -1): the
+            # last chunk of sequence seq writes the final states of those
+            # between seq and the next chunk's sequence (the batch's end
+            # after the last chunk), chunk 0 those before its sequence.
+            seq_next = tl.load(seq_idx_ptr + c + 1, mask=c + 1 < nchunks, other=batch)
+            _write_empty_finals(
+                seq + 1, seq_next, h, offs_p, offs_n, state_mask, init_ptr,
+                final_ptr, final_idx_ptr, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, stride_final_s, stride_final_h,
+                stride_final_p, stride_final_n, stride_final_idx,
+                HAS_INITSTATES, FINAL_HAS_INDICES,
+            )  # fmt: skip
     else:
         tl.store(
             ws_ptr + (c * nheads + h) * hdim_x_dstate + state_offs,
@@ -387,6 +455,15 @@ def _ssd_fused_varlen_kernel(
         )
         tl.debug_barrier()
         tl.atomic_xchg(sync_ptr + 2 + c * NHB + hb, 1, sem="release", scope="gpu")
+    if WRITE_FINAL:  # noqa: SIM102
+        if c == 0:
+            _write_empty_finals(
+                0, seq, h, offs_p, offs_n, state_mask, init_ptr, final_ptr,
+                final_idx_ptr, stride_init_b, stride_init_h, stride_init_p,
+                stride_init_n, stride_final_s, stride_final_h, stride_final_p,
+                stride_final_n, stride_final_idx, HAS_INITSTATES,
+                FINAL_HAS_INDICES,
+            )  # fmt: skip
     if WRITE_INTER:
         tl.store(
             inter_ptr
@@ -576,9 +653,9 @@ def mamba_chunk_scan_fused_varlen(
     return_intermediate_states; None if final_states_out is given; else the
     (S, H, P, N) final states in state_dtype.
 
-    Limitation: a sequence with no tokens (last_chunk_indices == -1) gets no
-    final state (the chain writes its initial state); vLLM never schedules
-    empty prefill sequences.
+    Empty sequences (repeated cu_seqlens entries, last_chunk_indices == -1)
+    have no chunks; the final state of one is its initial state, or zeros
+    without initial states.
 
     Launch: one Triton kernel with grid (K * H * cdiv(P, BLOCK_P),); each
     program takes a ticket from an atomic counter and computes the output of
@@ -675,18 +752,21 @@ def _mamba_chunk_scan_fused_fwd(
         assert final_state_indices.shape == (batch,)
 
     device = x.device
-    if nchunks == 0:
+    if nchunks == 0:  # every sequence empty: nothing to launch
         if return_intermediate_states:
             return torch.empty(
                 (0, nheads, headdim, dstate), device=device, dtype=out_state_dtype
             )
-        return (
-            None
-            if final_states_out is not None
-            else torch.zeros(
+        if initial_states is not None:
+            finals = initial_states.to(out_state_dtype)
+        else:
+            finals = torch.zeros(
                 (batch, nheads, headdim, dstate), device=device, dtype=out_state_dtype
             )
-        )
+        if final_states_out is None:
+            return finals
+        final_states_out[final_state_indices.long()] = finals.to(final_states_out.dtype)
+        return None
 
     inter = None
     if return_intermediate_states:
@@ -741,7 +821,8 @@ def _launch_triton(
         x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
         final, final_state_indices, cu_chunk_seqlens, seq_idx,
         last_chunk_indices,
-        float(dt_limit[0]), float(dt_limit[1]),
+        float(dt_limit[0]), float(dt_limit[1]), nchunks,
+        last_chunk_indices.shape[0],
         nheads, headdim, dstate, nheads // ngroups,
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
         D.stride(0) if D is not None else 0,
