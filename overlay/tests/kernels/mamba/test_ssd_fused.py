@@ -573,8 +573,8 @@ def test_fused_ssd_empty_sequences(lens, use_init, scatter, itype, fused_form):
     device = "cpu" if INTERPRETER else current_platform.device_type
     chunk_size = 16 if INTERPRETER else 128
     lens = [n * chunk_size // 16 for n in lens]
-    hd = 16 if INTERPRETER else 64
-    inp = make_inputs(lens, 4, hd, 2, 16, itype, device, seed=len(lens))
+    hd, ds = (16, 16) if INTERPRETER else (64, 32)
+    inp = make_inputs(lens, 4, hd, 2, ds, itype, device, seed=len(lens))
     require_form(fused_form, inp, chunk_size)
     kw = dict(use_z=False, d_mode="head", use_init=use_init, scatter=scatter)
     out, finals, _, (cu, _, last, _), D = run_case(

@@ -22,6 +22,7 @@ from tests.kernels.mamba.test_ssd_fused import (  # noqa: F401
     FusedForm,
     chunk_metadata,
     make_inputs,
+    test_fused_ssd_empty_sequences,
     test_fused_ssd_flag_buffer_kept_and_graphs,
     test_fused_ssd_intermediate_states,
     test_fused_ssd_long_sequence,

@@ -878,27 +878,73 @@ if HAS_GLUON:
         return s_prev, t, ic, ij, inb, ist, ikind
 
     @gluon.jit
+    def _empty_finals(
+        s_lo, s_hi, h, offs_p, offs_n, init_ptr, stride_init_b, stride_init_h,
+        stride_init_p, stride_init_n, final_ptr, final_idx_ptr, stride_final_s,
+        stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
+        layout: gl.constexpr, HAS_INITSTATES: gl.constexpr,
+        FINAL_HAS_INDICES: gl.constexpr,
+    ):  # fmt: skip
+        """Final states of the empty sequences s_lo .. s_hi - 1 (head h):
+        their initial states, or zeros."""
+        for s in range(s_lo, s_hi):
+            v = _seq_init_state(
+                init_ptr, s, h, stride_init_b, stride_init_h, stride_init_p,
+                stride_init_n, offs_p, offs_n, layout, HAS_INITSTATES,
+            )  # fmt: skip
+            _store_final_state(
+                final_ptr, final_idx_ptr, s, h, v, offs_p, offs_n,
+                stride_final_s, stride_final_h, stride_final_p, stride_final_n,
+                stride_final_idx, FINAL_HAS_INDICES,
+            )  # fmt: skip
+
+    @gluon.jit
     def _chunk_end_states(
         s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
         stride_inter_h, stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr,
         last_chunk_ptr, stride_final_s, stride_final_h, stride_final_p,
-        stride_final_n, stride_final_idx, WRITE_INTER: gl.constexpr,
+        stride_final_n, stride_final_idx, seq_idx_ptr, n_chunks, batch,
+        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+        layout: gl.constexpr, WRITE_INTER: gl.constexpr,
         WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr,
     ):  # fmt: skip
         """The state s_run at the end of chunk c (of sequence seq_c) where
         it is asked for: the chunk's intermediate state, and the sequence's
-        final state if c is its last chunk."""
+        final state if c is its last chunk. Empty sequences have no chunks
+        (last_chunk_indices == -1): the last chunk of seq_c also writes the
+        final states of those between seq_c and the next chunk's sequence
+        (the batch's end after the last chunk), chunk 0 those before its
+        sequence."""
         if WRITE_INTER:
             _store_state(
                 inter_ptr + c.to(gl.int64) * stride_inter_c + h * stride_inter_h,
                 s_run, offs_p, offs_n, stride_inter_p, stride_inter_n,
             )  # fmt: skip
-        if WRITE_FINAL:  # noqa: SIM102
+        if WRITE_FINAL:
             if c == gl.load(last_chunk_ptr + seq_c):
                 _store_final_state(
                     final_ptr, final_idx_ptr, seq_c, h, s_run, offs_p, offs_n,
                     stride_final_s, stride_final_h, stride_final_p, stride_final_n,
                     stride_final_idx, FINAL_HAS_INDICES,
+                )  # fmt: skip
+                seq_next = gl.load(
+                    seq_idx_ptr + c + 1, mask=c + 1 < n_chunks, other=batch
+                )
+                _empty_finals(
+                    seq_c + 1, seq_next, h, offs_p, offs_n, init_ptr,
+                    stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+                    final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
+                    stride_final_p, stride_final_n, stride_final_idx, layout,
+                    HAS_INITSTATES, FINAL_HAS_INDICES,
+                )  # fmt: skip
+            if c == 0:
+                _empty_finals(
+                    0, seq_c, h, offs_p, offs_n, init_ptr, stride_init_b,
+                    stride_init_h, stride_init_p, stride_init_n, final_ptr,
+                    final_idx_ptr, stride_final_s, stride_final_h,
+                    stride_final_p, stride_final_n, stride_final_idx, layout,
+                    HAS_INITSTATES, FINAL_HAS_INDICES,
                 )  # fmt: skip
 
     @gluon.jit
@@ -1157,9 +1203,9 @@ if HAS_GLUON:
         s_run, h, c0, c1, seq_c_prev, pub, item, ws_ptr, sync_ptr, A, dt_bias, t,
         j, n, x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
         fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t, stride_dt_h,
-        dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
-        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
-        inter_ptr, stride_inter_c, stride_inter_h,
+        dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, n_chunks,
+        batch, init_ptr, stride_init_b, stride_init_h, stride_init_p,
+        stride_init_n, inter_ptr, stride_inter_c, stride_inter_h,
         stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
         stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
         NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
@@ -1233,8 +1279,10 @@ if HAS_GLUON:
                 s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
                 stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
                 final_idx_ptr, last_chunk_ptr, stride_final_s, stride_final_h,
-                stride_final_p, stride_final_n, stride_final_idx, WRITE_INTER,
-                WRITE_FINAL, FINAL_HAS_INDICES,
+                stride_final_p, stride_final_n, stride_final_idx, seq_idx_ptr,
+                n_chunks, batch, init_ptr, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, mma_s, WRITE_INTER, WRITE_FINAL,
+                FINAL_HAS_INDICES, HAS_INITSTATES,
             )  # fmt: skip
             seq_c_prev = seq_c
             n += 1
@@ -1328,8 +1376,9 @@ if HAS_GLUON:
         dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r, hf_ready, hf_free, cnt_s, p, ha,
         a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub, A_ptr,
         dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
-        cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b,
-        stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr, inter_ptr,
+        cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, n_chunks, batch, init_ptr,
+        stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
+        sync_ptr, inter_ptr,
         stride_inter_c, stride_inter_h, stride_inter_p, stride_inter_n,
         final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
         stride_final_p, stride_final_n, stride_final_idx, NB: gl.constexpr,
@@ -1368,7 +1417,8 @@ if HAS_GLUON:
                 x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
                 fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t,
                 stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
-                last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+                last_chunk_ptr, n_chunks, batch, init_ptr, stride_init_b,
+                stride_init_h,
                 stride_init_p, stride_init_n, inter_ptr, stride_inter_c,
                 stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
                 final_idx_ptr, stride_final_s, stride_final_h, stride_final_p,
@@ -1408,10 +1458,11 @@ if HAS_GLUON:
             t, j, n, x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
             fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t,
             stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
-            init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
-            inter_ptr, stride_inter_c, stride_inter_h, stride_inter_p,
-            stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
-            stride_final_h, stride_final_p, stride_final_n, stride_final_idx, NB,
+            n_chunks, batch, init_ptr, stride_init_b, stride_init_h,
+            stride_init_p, stride_init_n, inter_ptr, stride_inter_c,
+            stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
+            final_idx_ptr, stride_final_s, stride_final_h, stride_final_p,
+            stride_final_n, stride_final_idx, NB,
             HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER, WRITE_FINAL,
             FINAL_HAS_INDICES,
         )  # fmt: skip
@@ -1542,6 +1593,7 @@ if HAS_GLUON:
         dt_min,
         dt_max,
         n_chunks,
+        batch,
         run_chunks,
         n_programs,
         help_cost,
@@ -1640,7 +1692,8 @@ if HAS_GLUON:
                             two, seq_first, cont_in, f, take, pub, A_ptr,
                             dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min,
                             dt_max, cu_chunk_ptr, seq_idx_ptr,
-                            last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+                            last_chunk_ptr, n_chunks, batch, init_ptr,
+                            stride_init_b, stride_init_h,
                             stride_init_p, stride_init_n, ws_ptr, sync_ptr,
                             inter_ptr, stride_inter_c, stride_inter_h,
                             stride_inter_p, stride_inter_n, final_ptr,
@@ -1761,8 +1814,10 @@ if HAS_GLUON:
                     s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
                     stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
                     final_idx_ptr, last_chunk_ptr, stride_final_s, stride_final_h,
-                    stride_final_p, stride_final_n, stride_final_idx, WRITE_INTER,
-                    WRITE_FINAL, FINAL_HAS_INDICES,
+                    stride_final_p, stride_final_n, stride_final_idx, seq_idx_ptr,
+                    n_chunks, batch, init_ptr, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n, mma_s, WRITE_INTER, WRITE_FINAL,
+                    FINAL_HAS_INDICES, HAS_INITSTATES,
                 )  # fmt: skip
                 seq_c_prev = seq_c
         # all: the last output store has left y_s
@@ -1897,7 +1952,8 @@ def launch(
         rows_desc(out, headdim, row_layout),
         dt, A, D, z, dt_bias, out, initial_states, ws, sync, inter, final,
         final_state_indices, cu_chunk_seqlens, seq_idx, last_chunk_indices,
-        float(dt_limit[0]), float(dt_limit[1]), n_chunks, run, n_items,
+        float(dt_limit[0]), float(dt_limit[1]), n_chunks,
+        last_chunk_indices.shape[0], run, n_items,
         float(config.help_cost), nheads, headdim, dstate, nheads // ngroups,
         *dt.stride(),
         D.stride(0) if D is not None else 0,
