@@ -29,6 +29,7 @@ import functools
 import itertools
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -273,7 +274,7 @@ def run_case(
         final_state_indices=idx,
     )
     if scatter:
-        assert ret is None
+        assert ret is None and cache is not None and idx is not None
         untouched = torch.ones(cache.shape[0], dtype=torch.bool, device=device)
         untouched[idx.long()] = False
         # slots that are not ours stay untouched
@@ -543,10 +544,10 @@ def test_fused_ssd_flag_buffer_kept_and_graphs(fused_form):
             static[k].copy_(v)
         out.fill_(float("nan"))
         graph.replay()
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         check(out, finals.clone(), inp)
 
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     dev = out.device.index
     kept = [b for (d, _), b in ssd_fused_launch._SYNC.items() if d == dev]
     assert len(kept) >= 2  # this test's two streams
@@ -614,7 +615,7 @@ def test_fused_ssd_all_sequences_empty(use_init, scatter):
 def record_launch(monkeypatch, run: Callable[[], None]) -> tuple:
     """(kernel, args, meta) of the one ssd_fused_launch.launch that run()
     makes: recorded, not run."""
-    got = {}
+    got: dict[str, Any] = {}
 
     def record(fn, grid, args, meta):
         got.update(fn=fn, args=args, meta=meta)

@@ -100,7 +100,11 @@ def test_empty_sequences(lens, use_init, scatter):
         initial_states=init, state_dtype=torch.float32, final_states_out=cache,
         final_state_indices=idx,
     )  # fmt: skip
-    finals = cache[idx.long()] if scatter else ret
+    if scatter:
+        assert cache is not None and idx is not None
+        finals = cache[idx.long()]
+    else:
+        finals = ret
     ref_y, ref_finals = reference(x, dt, A, B, C, D, lens, init)
     assert not out.isnan().any()
     # fp32 on the CPU; tf32 dots on a GPU

@@ -18,6 +18,7 @@ Selected with ``MambaConfig.ssd_prefill`` (CLI ``--mamba-ssd-prefill``):
 """
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -124,10 +125,10 @@ from vllm.triton_utils import tl, triton
 
 
 @triton.jit
-def _dt_load(dt_ptr, offs_t, clen, stride_dt_seqlen):
-    """Raw dt (fp32) of rows offs_t of the chunk; 0 beyond clen."""
+def _dt_load(dt_ptr, offs_t, clength, stride_dt_seqlen):
+    """Raw dt (fp32) of rows offs_t of the chunk; 0 beyond clength."""
     return tl.load(
-        dt_ptr + offs_t * stride_dt_seqlen, mask=offs_t < clen, other=0.0
+        dt_ptr + offs_t * stride_dt_seqlen, mask=offs_t < clength, other=0.0
     ).to(tl.float32)
 
 
@@ -322,7 +323,7 @@ def _ssd_fused_varlen_kernel(
     g = h // heads_per_group
 
     chunk_start = tl.load(cu_chunk_ptr + c).to(tl.int64)
-    clen = (tl.load(cu_chunk_ptr + c + 1) - chunk_start).to(tl.int32)
+    clength = (tl.load(cu_chunk_ptr + c + 1) - chunk_start).to(tl.int32)
     seq = tl.load(seq_idx_ptr + c)
     seq_prev = tl.load(seq_idx_ptr + c - 1, mask=c > 0, other=-1)
     is_first = seq != seq_prev
@@ -350,11 +351,11 @@ def _ssd_fused_varlen_kernel(
     if BLOCK_KB == CHUNK_SIZE:
         # One step (the tuned configuration): the x and B tiles and dt are
         # requested together and dt is loaded once for both A and B.
-        mask_c = offs_c < clen
+        mask_c = offs_c < clength
         b_c = _load_rows(B_base, offs_c, mask_c, offs_n, mask_n, stride_B_t, stride_B_n)
         x_c = _load_rows(x_base, offs_c, mask_c, offs_p, mask_p, stride_x_t, stride_x_p)
         dt_all = _dt_process(
-            _dt_load(dt_base, offs_c, clen, stride_dt_t), mask_c, dt_bias,
+            _dt_load(dt_base, offs_c, clength, stride_dt_t), mask_c, dt_bias,
             dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
         )  # fmt: skip
         dA_all = dt_all * A
@@ -365,18 +366,18 @@ def _ssd_fused_varlen_kernel(
         s_loc = tl.dot(tl.trans(xw_c), b_c)
     else:
         dt_all = _dt_process(
-            _dt_load(dt_base, offs_c, clen, stride_dt_t), offs_c < clen, dt_bias,
+            _dt_load(dt_base, offs_c, clength, stride_dt_t), offs_c < clength, dt_bias,
             dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
         )  # fmt: skip
         dA_tot = tl.sum(dt_all * A, axis=0)
         s_loc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
         base = 0.0
         offs_kb = tl.arange(0, BLOCK_KB)
-        for k0 in range(0, clen, BLOCK_KB):
+        for k0 in range(0, clength, BLOCK_KB):
             rows = k0 + offs_kb
-            mask_t = rows < clen
+            mask_t = rows < clength
             dt_m = _dt_process(
-                _dt_load(dt_base, rows, clen, stride_dt_t), mask_t, dt_bias,
+                _dt_load(dt_base, rows, clength, stride_dt_t), mask_t, dt_bias,
                 dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
             )  # fmt: skip
             dA_m = dt_m * A
@@ -489,12 +490,12 @@ def _ssd_fused_varlen_kernel(
     s_run = s_prev
     # dt of the next row block is requested one iteration ahead (a strided
     # 2-byte gather, which the pipeliner's asynchronous copies do not cover).
-    dt_next = _dt_load(dt_base, offs_m, clen, stride_dt_t)
-    for m0 in tl.range(0, clen, BLOCK_M, num_stages=OUT_STAGES):
+    dt_next = _dt_load(dt_base, offs_m, clength, stride_dt_t)
+    for m0 in tl.range(0, clength, BLOCK_M, num_stages=OUT_STAGES):
         rows = m0 + offs_m
-        mask_t = rows < clen
+        mask_t = rows < clength
         dt_raw = dt_next
-        dt_next = _dt_load(dt_base, rows + BLOCK_M, clen, stride_dt_t)
+        dt_next = _dt_load(dt_base, rows + BLOCK_M, clength, stride_dt_t)
         dt_m = _dt_process(
             dt_raw, mask_t, dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS
         )
@@ -534,7 +535,7 @@ def _ssd_fused_varlen_kernel(
             acc.to(out_ptr.dtype.element_ty),
             mask=mask_t[:, None] & mask_p[None, :],
         )
-        if m0 + BLOCK_M < clen:
+        if m0 + BLOCK_M < clength:
             blk = tl.sum(dA_m, axis=0)
             w = dt_m * fast_exp(tl.minimum(blk - cs_rel, 0.0))
             xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
@@ -765,6 +766,7 @@ def _mamba_chunk_scan_fused_fwd(
             )
         if final_states_out is None:
             return finals
+        assert final_state_indices is not None
         final_states_out[final_state_indices.long()] = finals.to(final_states_out.dtype)
         return None
 
@@ -833,7 +835,8 @@ def _launch_triton(
     ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
 
 
-SSD_PREFILL_IMPLS: dict[str, Callable[..., torch.Tensor | None]] = {
+# (Any: the chain's entry point is untyped, and callers index the result)
+SSD_PREFILL_IMPLS: dict[str, Callable[..., Any]] = {
     "chain": mamba_chunk_scan_combined_varlen,
     "fused": mamba_chunk_scan_fused_varlen,
 }
@@ -841,7 +844,7 @@ SSD_PREFILL_IMPLS: dict[str, Callable[..., torch.Tensor | None]] = {
 
 def select_mamba_chunk_scan_varlen(
     impl: str = "chain",
-) -> Callable[..., torch.Tensor | None]:
+) -> Callable[..., Any]:
     """Return the SSD prefill entry point for ``MambaConfig.ssd_prefill``:
     ``"chain"`` (upstream five-kernel chain) or ``"fused"`` (this module's
     single launch)."""

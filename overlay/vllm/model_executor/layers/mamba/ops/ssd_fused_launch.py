@@ -96,7 +96,8 @@ def _pinned(obj: Any) -> Hashable:
 
 def _other_key(a: Any) -> Hashable:
     if isinstance(a, _DESCRIPTOR_TYPES):  # (its base is 16-byte aligned)
-        return a.base.dtype, tuple(a.block_shape), _pinned(a.layout)
+        d: Any = a
+        return d.base.dtype, tuple(d.block_shape), _pinned(d.layout)
     return a
 
 
@@ -264,7 +265,7 @@ def _stream_key(device: torch.device) -> tuple[int, int] | None:
         return None
     index = device.index
     if index is None:
-        index = torch.cuda.current_device()
+        index = torch.accelerator.current_device_index()
     return index, triton.runtime.driver.active.get_current_stream(index)
 
 

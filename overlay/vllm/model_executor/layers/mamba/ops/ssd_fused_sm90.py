@@ -269,15 +269,15 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(
-        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        s, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
         bcol,
     ):  # fmt: skip
         """Request into ring slot s row block ij of the chunk starting at row
-        ist, for the state pass (ikind 0: x, B) or the output pass (1: x, B,
+        istart, for the state pass (ikind 0: x, B) or the output pass (1: x, B,
         C); nothing for ikind >= 2."""
         if ikind < 2:
             bar = bars.index(s)
-            r = ist + ij * _BLOCK_M
+            r = istart + ij * _BLOCK_M
             if ikind == 0:
                 mbarrier.expect(
                     bar, x_desc.block_type.nbytes + b_desc.block_type.nbytes
@@ -294,19 +294,19 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(b_desc, [r, bcol], bar, b_s.index(s))
 
     @gluon.jit
-    def _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB: gl.constexpr):
-        """The chunk's dt (rows [cstart, cstart + clen), 0 past clen) as
+    def _dt_raw(dt_ptr, cstart, clength, h, stride_dt_t, stride_dt_h, NB: gl.constexpr):
+        """The chunk's dt (rows [cstart, cstart + clength), 0 past clength) as
         stored, row block k in row k; issued early, used by _chunk_factors."""
         offs = (
             gl.arange(0, NB, layout=gl.SliceLayout(1, _BLK_C))[:, None] * _BLOCK_M
             + gl.arange(0, _BLOCK_M, layout=gl.SliceLayout(0, _BLK_C))[None, :]
         )
         base = dt_ptr + cstart.to(gl.int64) * stride_dt_t + h * stride_dt_h
-        return gl.load(base + offs * stride_dt_t, mask=offs < clen, other=0.0)
+        return gl.load(base + offs * stride_dt_t, mask=offs < clength, other=0.0)
 
     @gluon.jit
     def _chunk_factors(
-        dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+        dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
         wout_s, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
         DT_SOFTPLUS: gl.constexpr, STATE_W: gl.constexpr, OUT_W: gl.constexpr,
     ):  # fmt: skip
@@ -330,7 +330,7 @@ if HAS_GLUON:
             dt += dt_bias
         if DT_SOFTPLUS:
             dt = gl.where(dt <= 20.0, gl.log(gl.exp(dt) + 1.0), dt)
-        dt = gl.where(offs < clen, gl.minimum(gl.maximum(dt, dt_min), dt_max), 0.0)
+        dt = gl.where(offs < clength, gl.minimum(gl.maximum(dt, dt_min), dt_max), 0.0)
         dA = dt * A
         cs = gl.associative_scan(dA, 1, _add)
         blk_tot = gl.sum(dA, axis=1)
@@ -406,14 +406,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _output_block(
-        s_run, k, cstart, clen, h, xcol, xs, bs, cs, st_s, y_s, out_desc, out_ptr,
+        s_run, k, cstart, clength, h, xcol, xs, bs, cs, st_s, y_s, out_desc, out_ptr,
         z_ptr, Dv, dt_rows, cs_rows, ecs_rows, wout_rows, stride_out_t,
         stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
         HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
         UPDATE: gl.constexpr = True, exp_cap=0.0, HAS_EXP_CAP: gl.constexpr = False,
     ):  # fmt: skip
         """Output rows [k * BLOCK_M, (k + 1) * BLOCK_M) of the chunk at rows
-        [cstart, cstart + clen) for head h, with x / B / C from ring slot
+        [cstart, cstart + clength) for head h, with x / B / C from ring slot
         views xs / bs / cs and the running state S_run in st_s (bf16) and
         s_run (fp32):
 
@@ -472,7 +472,7 @@ if HAS_GLUON:
             # the state update for the next row block (on a chunk's last
             # block: the state at the chunk's end), in flight behind the two
             # dots; exp(block total) is the block's last exp(cs) (dt is 0
-            # past clen)
+            # past clength)
             e_blk = _block_decay(ecs_rows, k)
             s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
         # decay exponents in exp2's unit (_chunk_factors)
@@ -518,7 +518,7 @@ if HAS_GLUON:
                 y += xo * Dv[None, :]
             else:
                 y += xo * Dv
-        mask_i = rows < clen
+        mask_i = rows < clength
         if HAS_Z:
             z_base = z_ptr + cstart.to(gl.int64) * stride_z_t + h * stride_z_h
             zv = gl.load(
@@ -529,14 +529,14 @@ if HAS_GLUON:
             y *= zv / (1.0 + gl.exp(-zv))
         # Both branches end in a barrier: st_s is complete, and every warp is
         # done with the ring slot.
-        if m0 + _BLOCK_M <= clen:
+        if m0 + _BLOCK_M <= clength:
             tma.store_wait(0)  # the previous block's store left y_s
             y_s.store(y.to(io_dtype))
             fence_async_shared()
             _cta_barrier()
             tma.async_copy_shared_to_global(out_desc, [cstart + m0, xcol], y_s)
         else:
-            # the chunk's last, partial block: rows past clen belong to the
+            # the chunk's last, partial block: rows past clength belong to the
             # next chunk, so no TMA box here
             out_base = out_ptr + cstart.to(gl.int64) * stride_out_t + h * stride_out_h
             gl.store(
@@ -634,28 +634,28 @@ if HAS_GLUON:
         return ic, ikind
 
     @gluon.jit
-    def _advance(ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr):
+    def _advance(ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr):
         """Move the run kernel's load cursor (row block ij of chunk ic, which
-        has inb blocks from row ist, in pass ikind; see _settle) one row
+        has inb blocks from row istart, in pass ikind; see _settle) one row
         block on."""
         ij += 1
         if ij >= inb:
             ij = 0
             ic, ikind = _settle(ic + 1, ikind, own_hi, help_lo, c0, c1)
             if ikind < 3:
-                ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
+                istart, ilen = _chunk_bounds(cu_chunk_ptr, ic)
                 inb = gl.cdiv(ilen, _BLOCK_M)
-        return ic, ij, inb, ist, ikind
+        return ic, ij, inb, istart, ikind
 
     @gluon.jit
     def _issue_run(
-        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        s, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
         bcol,
     ):  # fmt: skip
         """_issue for the run kernel's cursor: its passes 0 and 1 are state
         passes, 2 the output pass."""
         _issue(
-            s, ij, ist, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
+            s, ij, istart, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
             x_s, b_s, c_s, bars, xcol, bcol,
         )  # fmt: skip
 
@@ -739,16 +739,16 @@ if HAS_GLUON:
         """Chunk c's first row, length and dt (requested a chunk earlier), and
         chunk c + 1's, requested now if c + 1 < hi."""
         cstart = nstart
-        clen = nlen
+        clength = nlen
         dt_raw = dt_next
         if c + 1 < hi:
             nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
             dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
-        return cstart, clen, dt_raw, nstart, nlen, dt_next
+        return cstart, clength, dt_raw, nstart, nlen, dt_next
 
     @gluon.jit
     def _state_pass(
-        lo, hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        lo, hi, t, ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1,
         cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
         dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
         b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
@@ -768,17 +768,17 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, lo)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(lo, hi):
-            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+            cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                 c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
             dA_tot = _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+                dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
                 wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, False,
             )  # fmt: skip
             s_acc = s_acc * _exp(dA_tot)
             wst_rows = _rows(wst_s)
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
+            for k in range(gl.cdiv(clength, _BLOCK_M)):
                 s = t % NBUF
                 mbarrier.wait(bars.index(s), (t // NBUF) & 1)
                 s_acc = _state_block(
@@ -786,15 +786,15 @@ if HAS_GLUON:
                 )
                 _cta_barrier()  # every warp is done with slot s
                 _issue_run(
-                    s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
+                    s, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
                     xcol, bcol,
                 )  # fmt: skip
-                ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+                ic, ij, inb, istart, ikind = _advance(
+                    ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
                 )
                 t += 1
             dA += dA_tot
-        return s_acc, dA, t, ic, ij, inb, ist, ikind
+        return s_acc, dA, t, ic, ij, inb, istart, ikind
 
     @gluon.jit
     def _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS: gl.constexpr):
@@ -809,7 +809,7 @@ if HAS_GLUON:
     @gluon.jit
     def _entry_state(
         item, prev, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
-        own_hi, help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
+        own_hi, help_lo, t, ic, ij, inb, istart, ikind, cu_chunk_ptr, dt_ptr,
         stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
         wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol, bcol,
         init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
@@ -827,8 +827,8 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
         )
         # ---- state passes: own tail part, then the previous item's rest --
-        s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
-            tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        s_own, dA_own, t, ic, ij, inb, istart, ikind = _state_pass(
+            tail, own_hi, t, ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1,
             cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
             bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
@@ -839,8 +839,8 @@ if HAS_GLUON:
             # 0), read back by the same threads below
             own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
             gl.store(own_ptrs, s_own, cache_modifier=".cg")
-        s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
-            help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        s_acc, dA_help, t, ic, ij, inb, istart, ikind = _state_pass(
+            help_lo, c0, t, ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1,
             cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
             bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
@@ -875,7 +875,7 @@ if HAS_GLUON:
             own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
             s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
             _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
-        return s_prev, t, ic, ij, inb, ist, ikind
+        return s_prev, t, ic, ij, inb, istart, ikind
 
     @gluon.jit
     def _empty_finals(
@@ -1154,7 +1154,7 @@ if HAS_GLUON:
         released the slot; returns the tile count."""
         NBUF: gl.constexpr = x_s.shape[0]
         for c in range(lo, hi):
-            ist, ilen = _chunk_bounds(cu_chunk_ptr, c)
+            istart, ilen = _chunk_bounds(cu_chunk_ptr, c)
             nblk = gl.cdiv(ilen, _BLOCK_M)
             if kind == 0:
                 nblk = 2 * gl.cdiv(ilen, 2 * _BLOCK_M)
@@ -1163,7 +1163,7 @@ if HAS_GLUON:
                 if t >= NBUF:
                     mbarrier.wait(free.index(s), (t // NBUF - 1) & 1)
                 _issue(
-                    s, ij, ist, kind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+                    s, ij, istart, kind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
                     xcol, bcol,
                 )  # fmt: skip
                 t += 1
@@ -1231,7 +1231,7 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(c0, c1):
-            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+            cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                 c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
@@ -1247,14 +1247,14 @@ if HAS_GLUON:
             if n >= 2:
                 mbarrier.wait(fac_free.index(fs), (n // 2 - 1) & 1)
             _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_r.index(fs),
+                dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_r.index(fs),
                 cs_r.index(fs), ecs_r.index(fs), dt_r.index(fs), wout_r.index(fs), NB,
                 HAS_DT_BIAS, DT_SOFTPLUS, False, True,
             )  # fmt: skip
             mbarrier.arrive(fac_ready.index(fs))
             wout_rows = _rows(wout_r.index(fs))
             ecs_rows = _rows(ecs_r.index(fs))
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
+            for k in range(gl.cdiv(clength, _BLOCK_M)):
                 # the block's update in flight while its S_run is published
                 s = t % NBUF
                 mbarrier.wait(ready.index(s), (t // NBUF) & 1)
@@ -1312,14 +1312,14 @@ if HAS_GLUON:
         s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
         dA = 0.0
         for c in range(lo, hi):
-            _, clen = _chunk_bounds(cu_chunk_ptr, c)
+            _, clength = _chunk_bounds(cu_chunk_ptr, c)
             m = c - lo
             fs = m % 2
             mbarrier.wait(hf_ready.index(fs), (m // 2) & 1)
             dA_tot = gl.max(dA_r.index(fs).load(_VEC), axis=0)
             s_acc = s_acc * _exp(dA_tot)
             wst_rows = _rows(wst_r.index(fs))
-            for k2 in range(gl.cdiv(clen, 2 * _BLOCK_M)):
+            for k2 in range(gl.cdiv(clength, 2 * _BLOCK_M)):
                 s0 = t % NBUF
                 s1 = (t + 1) % NBUF
                 mbarrier.wait(ready.index(s0), (t // NBUF) & 1)
@@ -1353,7 +1353,7 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, lo)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(lo, hi):
-            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+            cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                 c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
@@ -1363,7 +1363,7 @@ if HAS_GLUON:
                 mbarrier.wait(hf_free.index(fs), (m // 2 - 1) & 1)
             w = wst_r.index(fs)
             dA_tot = _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, w, w, w, w, w, NB,
+                dt_raw, clength, A, dt_bias, dt_min, dt_max, w, w, w, w, w, NB,
                 HAS_DT_BIAS, DT_SOFTPLUS, True, False,
             )  # fmt: skip
             dA_r.index(fs).store(gl.full([32], dA_tot, gl.float32, layout=_VEC))
@@ -1493,18 +1493,18 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
         for c in range(c0, c1):
             cstart = nstart
-            clen = nlen
+            clength = nlen
             if c + 1 < c1:
                 nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
             fs = n % 2
             mbarrier.wait(fac_ready.index(fs), (n // 2) & 1)
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
+            for k in range(gl.cdiv(clength, _BLOCK_M)):
                 s = t % NBUF
                 q = j % 2
                 mbarrier.wait(ready.index(s), (t // NBUF) & 1)
                 mbarrier.wait(st_ready.index(q), (j // 2) & 1)
                 _output_block(
-                    0.0, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                    0.0, k, cstart, clength, h, xcol, x_s.index(s), b_s.index(s),
                     c_s.index(s), st_ring.index(q), y_s, out_desc, out_ptr, z_ptr,
                     Dv, _rows(dt_r.index(fs)), _rows(cs_r.index(fs)),
                     _rows(ecs_r.index(fs)), _rows(wout_r.index(fs)), stride_out_t,
@@ -1730,24 +1730,24 @@ if HAS_GLUON:
             bcol = g * N
             # the load cursor, at the first row block of its first pass
             ic, ikind = _settle(tail, gl.to_tensor(0), own_hi, help_lo, c0, c1)
-            ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
+            istart, ilen = _chunk_bounds(cu_chunk_ptr, ic)
             inb = gl.cdiv(ilen, _BLOCK_M)
             ij = 0
             for i in gl.static_range(_NUM_BUFFERS):
                 _issue_run(
-                    i, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
+                    i, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
                     xcol, bcol,
                 )  # fmt: skip
-                ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+                ic, ij, inb, istart, ikind = _advance(
+                    ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
                 )
             t = 0  # loads consumed
 
             A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
             item = r * nheads + h
-            s_prev, t, ic, ij, inb, ist, ikind = _entry_state(
+            s_prev, t, ic, ij, inb, istart, ikind = _entry_state(
                 item, item - nheads, h, c0, c1, seq_first, cont_in, seq_last,
-                cont_out, tail, own_hi, help_lo, t, ic, ij, inb, ist, ikind,
+                cont_out, tail, own_hi, help_lo, t, ic, ij, inb, istart, ikind,
                 cu_chunk_ptr, dt_ptr, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
                 dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars,
                 x_desc, b_desc, c_desc, xcol, bcol, init_ptr, stride_init_b,
@@ -1772,7 +1772,7 @@ if HAS_GLUON:
             nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
             dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
             for c in range(c0, c1):
-                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                     c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
                     stride_dt_t, stride_dt_h, NB,
                 )  # fmt: skip
@@ -1786,27 +1786,27 @@ if HAS_GLUON:
                     st_s.store(s_run.to(st_s.dtype))
                     fence_async_shared()
                 _chunk_factors(
-                    dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
+                    dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
                     wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, False, True,
                 )  # fmt: skip
-                for k in range(gl.cdiv(clen, _BLOCK_M)):
+                for k in range(gl.cdiv(clength, _BLOCK_M)):
                     s = t % _NUM_BUFFERS
                     mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
                     s_run = _output_block(
-                        s_run, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                        s_run, k, cstart, clength, h, xcol, x_s.index(s), b_s.index(s),
                         c_s.index(s), st_s, y_s, out_desc, out_ptr, z_ptr, Dv,
                         _rows(dt_s), _rows(cs_s), _rows(ecs_s), _rows(wout_s),
                         stride_out_t, stride_out_h, stride_out_p, stride_z_t,
                         stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
                     )  # fmt: skip
                     _issue_run(
-                        s, ij, ist, ikind, x_desc, b_desc, c_desc,
+                        s, ij, istart, ikind, x_desc, b_desc, c_desc,
                         x_s, b_s, c_s, bars, xcol, bcol,
                     )  # fmt: skip
                     # (the cursor is past the state passes here: own_hi and
                     # help_lo need not stay live)
-                    ic, ij, inb, ist, ikind = _advance(
-                        ic, ij, inb, ist, ikind, c0, c0, c0, c1, cu_chunk_ptr
+                    ic, ij, inb, istart, ikind = _advance(
+                        ic, ij, inb, istart, ikind, c0, c0, c0, c1, cu_chunk_ptr
                     )
                     t += 1
                 # s_run is now the state at the chunk's end
