@@ -17,9 +17,7 @@ per stream (``scratch``).
 The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
 in int32 range (the three facts Triton specializes an int on); floats and
-None by position; constexpr parameters and any other argument (a TMA
-descriptor's dtype and block shape) by value, a descriptor's layout by
-identity (the layout object is kept alive).
+None by position; constexpr parameters and any other argument by value.
 ``test_launch_key_determines_the_specialization`` (tests/kernels/mamba/
 test_ssd_fused.py, CPU) checks this against Triton's own argument binding.
 What the JIT reads at each launch besides the arguments (its debug and
@@ -57,16 +55,6 @@ _dtype = attrgetter("dtype")
 # per kernel: which of its parameters are constexprs (keyed by value)
 _CONSTEXPR: dict[Any, tuple[bool, ...]] = {}
 
-# TMA descriptors (the sm_90 form's x / B / C / out views)
-_DESCRIPTOR_TYPES: tuple[type, ...] = ()
-try:
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    _DESCRIPTOR_TYPES = (TensorDescriptor,)
-except ImportError:
-    pass
-
-
 _I32 = 2**31
 
 # Triton releases whose CompiledKernel[grid] runner calls
@@ -77,27 +65,10 @@ _DIRECT_RUN = getattr(triton, "__version__", "").startswith(
     tuple(v + "." for v in DIRECT_RUN_TRITON)
 )
 
-# Objects keyed by identity (a TMA descriptor's shared-memory layout, whose
-# __hash__ is Python code): kept alive here, so that their ids stay
-# unique; at most PINNED_MAX (then keyed by value).
-_PINNED: dict[int, Any] = {}
-PINNED_MAX = 256
-
-
-def _pinned(obj: Any) -> Hashable:
-    """The id of obj where obj is (or can be) kept in _PINNED, else obj."""
-    i = id(obj)
-    if i in _PINNED or len(_PINNED) < PINNED_MAX:
-        # a kept object never dies, so an id in _PINNED is still its own
-        _PINNED.setdefault(i, obj)
-        return i
-    return obj
-
 
 def _other_key(a: Any) -> Hashable:
-    if isinstance(a, _DESCRIPTOR_TYPES):  # (its base is 16-byte aligned)
-        d: Any = a
-        return d.base.dtype, tuple(d.block_shape), _pinned(d.layout)
+    """The key of an argument that is neither a tensor, an int, a float nor
+    None: the argument itself (by value)."""
     return a
 
 
