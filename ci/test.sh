@@ -49,5 +49,12 @@ hybrid-stack kernel-stats --arch 90
 # the stack's GPU tests and benchmarks ran with
 hybrid-stack kernel-stats --arch 90 --triton 3.6.0 --json work/kernel-stats-sm90-triton3.6.0.json
 
+# --- fused Mamba2 SSD entries: vLLM's own pre-commit checks on their files, and
+# their Triton launch-path CPU tests under Triton 3.6 (installed just above)
+step "SSD entries: vLLM pre-commit checks; launch tests under Triton 3.6"
+ci/vllm-hooks.sh mamba2-ssd-varlen-empty-seq mamba2-ssd-fused-prefill mamba2-ssd-fused-prefill-sm90
+ci/triton-release-tests.sh 3.6.0
+# --- end fused Mamba2 SSD entries
+
 step "CPU suite on the patched tree"
 hybrid-stack test

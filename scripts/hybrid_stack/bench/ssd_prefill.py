@@ -10,14 +10,31 @@ importable, else the baseline itself. Both run in one process on the same fresh
 random inputs; the fused kernel's output and final states are compared with the
 baseline's (relative L2 error) before timing.
 
+Accuracy: the timing inputs are model-like (B and C scaled by 1/sqrt(N)), where
+the D*x skip term is nearly the whole output, so the fused-vs-chain error on
+them says little. Each row therefore also runs both kernels on inputs of the
+same dims and sequence split (at most ``--accuracy-tokens`` tokens) where the
+scan term carries the output (B and C unscaled, no D), and reports each
+kernel's relative error against a float64 token-by-token recurrence
+(``baseline_err_fp64`` / ``value_err_fp64`` for the outputs,
+``baseline_state_err_fp64`` / ``value_state_err_fp64`` for the final states).
+
+Timing: ``baseline_ms`` / ``value_ms`` are back-to-back wall time per call
+(their samples interleaved); ``baseline_graph_ms`` / ``value_graph_ms`` are GPU
+time per call (CUDA-graph replay, no host launch cost) and ``gpu_ratio`` their
+ratio. Where ``ratio`` (wall time) exceeds ``gpu_ratio`` the difference is
+launch overhead, and ``host_bound`` names the side(s) whose host time per call
+(``*_host_ms``, up to ``--split-max-tokens`` tokens) exceeds its GPU time.
+
 Where the fused module has two forms of the kernel (``ssd_fused_sm90``, the
 Gluon kernels used on sm_90, and the portable Triton kernel), each row records
-the form the value measured (``value_kernel``: "triton", "sm90" = the
-chunk-program kernel, "sm90-runs" = the run kernel on one warpgroup or
-"sm90-ws" = on three, warp-specialized) and, for the sm_90 forms, the Triton
-form's ms per call on the same inputs (``triton_ms``) and another sm_90
-kernel's (``sm90_ms``: chunk programs where the one-warpgroup run kernel
-ran; ``sm90_runs_ms``: the one-warpgroup run kernel where another ran).
+the form the value measured (``value_kernel``: "triton", "sm90-runs" = the run
+kernel on one warpgroup or "sm90-ws" = on three, warp-specialized) and, for the
+sm_90 forms, the Triton form's ms per call on the same inputs (``triton_ms``,
+and its GPU time ``triton_graph_ms``) and, where the warp-specialized kernel
+ran, the one-warpgroup run kernel's (``sm90_runs_ms``). Other forms are reached
+through the entry's private ``_mamba_chunk_scan_fused_fwd`` with explicit
+launch configurations, not by changing module state.
 
 Cases: total tokens as 1 and as 8 sequences, for granite-4.0-h-small dims
 (128 heads x 64, dstate 128, 1 group, chunk 256), Mamba2-2.7B (80 x 64, dstate
@@ -146,74 +163,39 @@ def flops_per_token(d: dict[str, int]) -> int:
     return 2 * L * N * G + 2 * L * P * H + 4 * N * P * H
 
 
+def _fused_module() -> Any:
+    return importlib.import_module(FUSED_MODULE)
+
+
+def _sm90_module() -> Any:
+    """The entry's sm_90 module, or None (a stack without that form)."""
+    return getattr(_fused_module(), "ssd_fused_sm90", None)
+
+
 def kernel_form(s: Inputs) -> str | None:
-    """Which form of the fused kernel runs these inputs: "sm90" / "sm90-runs"
-    / "sm90-ws" (the Gluon Hopper kernel of ssd_fused_sm90: chunk programs /
-    runs of chunks on one warpgroup / on three, warp-specialized), "triton"
-    (the portable kernel) or None (a stack without the forms)."""
-    mod = importlib.import_module(FUSED_MODULE)
-    use_sm90 = getattr(mod, "use_sm90_kernel", None)
-    if use_sm90 is None:
+    """Which form of the fused kernel the entry point runs these inputs on:
+    "sm90-runs" / "sm90-ws" (the Gluon Hopper run kernel of ssd_fused_sm90 on
+    one warpgroup / on three, warp-specialized), "triton" (the portable
+    kernel) or None (a stack without the sm_90 form)."""
+    sm90 = _sm90_module()
+    if sm90 is None or not hasattr(sm90, "LaunchConfig"):
         return None
-    if not use_sm90(s.x, s.B, s.C, s.out, s.chunk):
+    if not sm90.supports(s.x, s.B, s.C, s.out, s.chunk):
         return "triton"
-    if not runs_available():
-        return "sm90"
-    sm90 = mod.ssd_fused_sm90
-    if sm90.RUN_CHUNKS == 0:
-        return "sm90"
-    specialized = getattr(sm90, "warp_specialized", None)
-    if specialized is not None and specialized(s.x.shape[1], s.x.device.index):
+    if sm90.warp_specialized(s.x.shape[1], s.x.device.index):
         return "sm90-ws"
     return "sm90-runs"
 
 
-def runs_available() -> bool:
-    """Whether the stack's sm_90 kernel has the runs mode."""
-    return hasattr(importlib.import_module(FUSED_MODULE).ssd_fused_sm90, "run_length")
+def form_fn(**kwargs: Any) -> Callable[..., Any]:
+    """The fused entry's private implementation with explicit launch
+    arguments (``sm90_config=None``: the Triton form)."""
+    return functools.partial(_fused_module()._mamba_chunk_scan_fused_fwd, **kwargs)
 
 
 def rotating(sets: list[Inputs], fn: Any) -> Callable[[int], None]:
     """Call i of a timed loop: fn on input set i mod len(sets)."""
     return lambda i: sets[i % len(sets)].run(fn)
-
-
-def _time_with(
-    timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, obj: Any, **values: Any
-) -> float:
-    """ms per call of fused_fn on the rotated input sets, with the attributes
-    of obj set to values for the measurement (restored after)."""
-    saved = {name: getattr(obj, name) for name in values}
-    for name, value in values.items():
-        setattr(obj, name, value)
-    try:
-        return timer.median_ms(rotating(sets, fused_fn), reps=reps)
-    finally:
-        for name, value in saved.items():
-            setattr(obj, name, value)
-
-
-def time_other_sm90_kernel(
-    timer: Any, sets: list[Inputs], fused_fn: Any, reps: int, form: str
-) -> tuple[str, float]:
-    """ms per call of an sm_90 kernel the launcher did not pick, on the same
-    inputs: the one-warpgroup run kernel where the warp-specialized one or
-    (forced) chunk programs ran, chunk programs where the one-warpgroup run
-    kernel ran. The run kernel's runs are the launcher's (``RUN_CHUNKS`` =
-    None)."""
-    sm90 = importlib.import_module(FUSED_MODULE).ssd_fused_sm90
-    if form == "sm90-runs":
-        return "sm90_ms", _time_with(timer, sets, fused_fn, reps, sm90, RUN_CHUNKS=0)
-    return "sm90_runs_ms", _time_with(
-        timer, sets, fused_fn, reps, sm90, RUN_CHUNKS=None, WARP_SPECIALIZE=False
-    )
-
-
-def time_portable_form(timer: Any, sets: list[Inputs], fused_fn: Any, reps: int) -> float:
-    """ms per call of the portable Triton form on the same inputs (the fused
-    module's USE_SM90_KERNEL switched off for the measurement)."""
-    mod = importlib.import_module(FUSED_MODULE)
-    return _time_with(timer, sets, fused_fn, reps, mod, USE_SM90_KERNEL=False)
 
 
 def load_fused() -> tuple[Any, str]:
@@ -225,7 +207,13 @@ def load_fused() -> tuple[Any, str]:
 
 
 class Inputs:
-    def __init__(self, d: dict[str, int], tokens: int, seqs: int, gen: Any) -> None:
+    """One input set. scan_dominated: B and C unscaled and no D, so that the
+    scan term C.h carries the output (the accuracy inputs); else model-like
+    B and C scaled by 1/sqrt(N) with a D skip term (the timing inputs)."""
+
+    def __init__(
+        self, d: dict[str, int], tokens: int, seqs: int, gen: Any, scan_dominated: bool = False
+    ) -> None:
         import torch
         from vllm.v1.attention.backends.mamba2_attn import compute_varlen_chunk_metadata
 
@@ -238,18 +226,19 @@ class Inputs:
         self.chunk = d["chunk"]
         self.x = randn(tokens, H, P)
         self.dt = randn(tokens, H) * 0.5
-        self.B = randn(tokens, G, N) / math.sqrt(N)
-        self.C = randn(tokens, G, N) / math.sqrt(N)
+        scale = 1.0 if scan_dominated else 1.0 / math.sqrt(N)
+        self.B = (randn(tokens, G, N, dtype=torch.float32) * scale).to(bf16)
+        self.C = (randn(tokens, G, N, dtype=torch.float32) * scale).to(bf16)
         u = torch.rand(H, device=dev, generator=gen)
         self.A = -torch.exp(u * math.log(16.0))
-        self.D = randn(H, dtype=torch.float32)
+        self.D = None if scan_dominated else randn(H, dtype=torch.float32)
+        self.lens = list(common.seq_lens(tokens, seqs))
         dt0 = torch.exp(
             torch.rand(H, device=dev, generator=gen) * (math.log(0.1) - math.log(1e-3))
             + math.log(1e-3)
         )
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))  # inverse softplus
-        lens = common.seq_lens(tokens, seqs)
-        qsl = torch.tensor([0, *lens], dtype=torch.int32).cumsum(0).to(torch.int32)
+        qsl = torch.tensor([0, *self.lens], dtype=torch.int32).cumsum(0).to(torch.int32)
         self.cu_seqlens = qsl.to(dev)
         self.cu_chunk, self.last_chunk, self.seq_idx = compute_varlen_chunk_metadata(
             self.cu_seqlens, self.chunk
@@ -295,6 +284,54 @@ def input_sets(d: dict[str, int], tokens: int, seqs: int, gen: Any) -> list[Inpu
 def rel_err(a: Any, b: Any) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def fp64_reference(s: Inputs) -> tuple[Any, Any]:
+    """Outputs and final states of s by the float64 recurrence, one token at a
+    time on the GPU: h = exp(dt A) h + dt x B^T, y = h C (+ D x)."""
+    import torch
+    import torch.nn.functional as F
+
+    f64 = torch.float64
+    x, A, B, C = (t.to(f64) for t in (s.x, s.A, s.B, s.C))
+    dt = s.dt.to(f64) + s.dt_bias.to(f64)
+    dt = torch.where(dt <= 20.0, F.softplus(dt), dt)
+    T, H, P = x.shape
+    G, N = B.shape[1:]
+    Bh = B.repeat_interleave(H // G, dim=1)
+    Ch = C.repeat_interleave(H // G, dim=1)
+    y = torch.empty(T, H, P, dtype=f64, device=x.device)
+    finals, start = [], 0
+    for n in s.lens:
+        h = torch.zeros(H, P, N, dtype=f64, device=x.device)
+        for t in range(start, start + n):
+            h = torch.exp(dt[t] * A)[:, None, None] * h + (
+                dt[t][:, None, None] * x[t][:, :, None] * Bh[t][:, None]
+            )
+            y[t] = (h * Ch[t][:, None]).sum(-1)
+        start += n
+        finals.append(h)
+    if s.D is not None:
+        y = y + x * s.D.to(f64)[None, :, None]
+    return y, torch.stack(finals)
+
+
+def accuracy(
+    d: dict[str, int], tokens: int, seqs: int, gen: Any, fns: dict[str, Any]
+) -> dict[str, float]:
+    """Each function's relative error against the float64 reference on
+    scan-dominated inputs of these dims and sequences: {NAME_err_fp64,
+    NAME_state_err_fp64}."""
+    s = Inputs(d, tokens, seqs, gen, scan_dominated=True)
+    ref_y, ref_final = fp64_reference(s)
+    out: dict[str, float] = {}
+    for name, fn in fns.items():
+        s.out.fill_(float("nan"))
+        s.states.fill_(float("nan"))
+        s.run(fn)
+        out[f"{name}_err_fp64"] = rel_err(s.out, ref_y)
+        out[f"{name}_state_err_fp64"] = rel_err(s.states, ref_final)
+    return out
 
 
 def reference(s: Inputs, fn: Callable[..., Any]) -> tuple[Any, Any]:
@@ -389,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
         help="host / GPU time split for cases up to this many tokens (0: none)",
     )
     parser.add_argument(
+        "--accuracy-tokens",
+        type=int,
+        default=2048,
+        help="tokens of each row's accuracy inputs (at most the row's; 0: none)",
+    )
+    parser.add_argument(
         "--cases",
         action="extend",
         type=parse_cases,
@@ -449,17 +492,39 @@ def main(argv: list[str] | None = None) -> int:
             form = kernel_form(s0)
             if form is not None:
                 extra["value_kernel"] = form
-            if form in ("sm90", "sm90-runs", "sm90-ws"):
-                extra["triton_ms"] = time_portable_form(timer, sets, fused_fn, reps)
-            if form in ("sm90-runs", "sm90-ws") or (form == "sm90" and runs_available()):
-                name, ms = time_other_sm90_kernel(timer, sets, fused_fn, reps, form)
-                extra[name] = ms
-        if tokens <= args.split_max_tokens:
-            for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
-                if fn is not None:
-                    call = functools.partial(sets[0].run, fn)
+            others: dict[str, Any] = {}
+            if form in ("sm90-runs", "sm90-ws"):
+                others["triton"] = form_fn(sm90_config=None)
+            if form == "sm90-ws":
+                sm90 = _sm90_module()
+                others["sm90_runs"] = form_fn(sm90_config=sm90.LaunchConfig(warp_specialize=False))
+            for name, fn in others.items():
+                extra[f"{name}_ms"] = timer.median_ms(rotating(sets, fn), reps=reps)
+                extra[f"{name}_graph_ms"] = timer.graph_ms(functools.partial(sets[0].run, fn))
+            if args.accuracy_tokens > 0:
+                extra.update(
+                    accuracy(
+                        d,
+                        min(tokens, args.accuracy_tokens),
+                        seqs,
+                        gen,
+                        {"baseline": baseline_fn, "value": fused_fn},
+                    )
+                )
+        for side, fn in (("baseline", baseline_fn), ("value", fused_fn)):
+            if fn is not None:
+                call = functools.partial(sets[0].run, fn)
+                extra[f"{side}_graph_ms"] = timer.graph_ms(call)
+                if tokens <= args.split_max_tokens:
                     extra[f"{side}_host_ms"] = timer.host_ms(call)
-                    extra[f"{side}_graph_ms"] = timer.graph_ms(call)
+        if fused_fn is not None:
+            extra["gpu_ratio"] = extra["baseline_graph_ms"] / extra["value_graph_ms"]
+            bound = [
+                side
+                for side in ("baseline", "value")
+                if extra.get(f"{side}_host_ms", 0.0) > extra[f"{side}_graph_ms"]
+            ]
+            extra["host_bound"] = "+".join(bound) or "none"
         base_tps = tokens / (base_ms * 1e-3)
         val_tps = tokens / (val_ms * 1e-3)
         fpt = flops_per_token(d)
@@ -492,21 +557,31 @@ def main(argv: list[str] | None = None) -> int:
             if fused_fn
             else f"stack kernel not importable ({why_not}): value == baseline",
             "tflops": "estimated: 2LNG + 2LPH + 4NPH flop per token",
-            "kernel": "value_kernel: form of the fused kernel measured (sm90 = Gluon "
-            "Hopper chunk-program kernel, sm90-runs = Gluon Hopper run kernel on "
-            "one warpgroup, sm90-ws = run kernel on three warp-specialized "
-            "warpgroups, triton = portable kernel); triton_ms: the portable form "
-            "on the same inputs, same process; sm90_ms: chunk programs (where "
-            "sm90-runs ran); sm90_runs_ms: the one-warpgroup run kernel (where "
-            "sm90-ws or sm90 ran)",
-            "inputs": "bf16 x/dt/B/C, fp32 A/D/dt_bias, dt softplus, no z, no "
-            "initial states, fp32 final states written to a cache",
+            "kernel": "value_kernel: form of the fused kernel measured (sm90-runs = "
+            "Gluon Hopper run kernel on one warpgroup, sm90-ws = run kernel on three "
+            "warp-specialized warpgroups, triton = portable kernel); triton_ms / "
+            "triton_graph_ms: the portable form on the same inputs, same process "
+            "(wall / GPU time); sm90_runs_ms / sm90_runs_graph_ms: the "
+            "one-warpgroup run kernel (where sm90-ws ran)",
+            "inputs": "timing: bf16 x/dt/B/C (B, C scaled by 1/sqrt(N)), fp32 "
+            "A/D/dt_bias, dt softplus, no z, no initial states, fp32 final states "
+            "written to a cache; out_rel_err / state_rel_err: fused vs chain on "
+            "them (the D*x skip term dominates the output there)",
+            "accuracy": f"*_err_fp64 / *_state_err_fp64: each kernel's relative "
+            f"error against a float64 recurrence on inputs of the row's dims and "
+            f"sequences (at most {args.accuracy_tokens} tokens) with B, C unscaled "
+            f"and no D, so the scan term carries the output",
+            "timing": "ratio: back-to-back wall time per call (baseline_ms / "
+            "value_ms); gpu_ratio: GPU time per call (*_graph_ms, CUDA-graph "
+            "replay, one input set, so small cases run from L2); where ratio > "
+            "gpu_ratio the difference is host launch overhead; host_bound: the "
+            "side(s) whose host time per call exceeds their GPU time",
             "pairing": "baseline_ms and value_ms: their samples interleaved "
             "(bench/common.py Timer.paired_median_ms), so a slow phase of the "
             "shared host weighs on both; the other *_ms columns are timed after",
             "split": f"up to {args.split_max_tokens} tokens: *_host_ms = host time per "
-            "call (300 calls issued without synchronizing), *_graph_ms = GPU time "
-            "per call (CUDA-graph replay of one call, inputs L2-resident)",
+            "call (300 calls issued without synchronizing); every row: *_graph_ms = "
+            "GPU time per call (CUDA-graph replay of one call, one input set)",
         },
     )
     common.finish(result, args)

@@ -197,6 +197,7 @@ def test_mixer2_fused_prefill_matches_chain(single_rank, monkeypatch):
             caches = (conv.to(dtype), ssm)
         else:
             mixer.load_state_dict(weights)
+        assert caches is not None
         mixer.kv_cache = tuple(c.clone() for c in caches)
         calls_before = len(fused_calls)
         with set_forward_context({PREFIX: metadata}, config):
@@ -211,6 +212,7 @@ def test_mixer2_fused_prefill_matches_chain(single_rank, monkeypatch):
     used = slots.long()
     assert rel_err(ssm_f[used], ssm_c[used]) < tol
     assert torch.equal(conv_f, conv_c)
+    assert caches is not None
     untouched = torch.ones(ssm_f.shape[0], dtype=torch.bool, device=device)
     untouched[used] = False
     assert torch.equal(ssm_f[untouched], caches[1][untouched])

@@ -12,22 +12,18 @@ memory (an fp32 workspace that stays mostly in L2), handed from the CTA of
 chunk ``c - 1`` to the CTA of chunk ``c`` of the same head block with an
 acquire/release flag.
 
-On sm_90, bf16 prefills run the same algorithm as a Gluon kernel
-(``ssd_fused_sm90``: TMA loads, async wgmma), which Triton's ``tl.dot``
-cannot express; see ``use_sm90_kernel``.
-
 Selected with ``MambaConfig.ssd_prefill`` (CLI ``--mamba-ssd-prefill``):
-``"chain"`` (default, upstream), ``"fused"`` (always this kernel) or
-``"auto"`` (whichever of the two was faster at the prefill's size).  See
+``"chain"`` (default, upstream) or ``"fused"`` (this kernel).  See
 ``select_mamba_chunk_scan_varlen``.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
 from vllm import platforms
-from vllm.model_executor.layers.mamba.ops import ssd_fused_launch, ssd_fused_sm90
+from vllm.model_executor.layers.mamba.ops import ssd_fused_launch
 from vllm.model_executor.layers.mamba.ops.mamba_ssm import softplus
 from vllm.model_executor.layers.mamba.ops.ssd_combined import (
     is_int_pow_2,
@@ -88,35 +84,26 @@ from vllm.triton_utils import tl, triton
 # weights (half the elements) and take B straight from shared memory, so
 # their A operand (x^T scaled) comes from registers; the other dots take
 # their A operand from the copies (C, B, x^T) and the computed factor as the
-# B operand.  Measured on H200, granite-4.0-h-small dims, ms per call at
-# 16k / 256k tokens: 1.12 / 17.5 before these changes, 1.03 / 15.8 with
-# them.  The update written as x^T (B scaled), all operands in shared
-# memory, gives wrong outputs once the loop is pipelined (relative error
-# 3.1e-3 against the chain, 1.1e-4 in the form used here), as did
+# B operand.  The update written as x^T (B scaled), all operands in shared
+# memory, gives wrong outputs on sm_90 once the loop is pipelined, as does
 # num_stages=2 for the whole kernel (see _launch_config); compare
 # ssd_chunk_scan._drop_racy_wgmma_configs.  The interpreter test runs
 # both stage counts; the GPU tests run the default.
 #
 # dt latency.  dt is a strided 2-byte gather (one element per token and
 # head), which the pipeliner's asynchronous copies do not cover; loaded where
-# it is used, its global-memory latency was the largest single stall of the
-# kernel (ncu warp-state sampling on H200, granite dims, 16k tokens: 9.5% of
-# all samples on the instructions waiting for it).  A and B are therefore one
-# step when BLOCK_KB == CHUNK_SIZE (dt, x and B requested together, dt loaded
-# once), and the output pass requests the next row block's dt one iteration
-# ahead.  Measured (same dims, ms per call at 16k / 256k tokens): 1.04 / 16.1
-# before, 0.96 / 14.9 after.
+# it is used, its global-memory latency is the largest single stall of the
+# kernel.  A and B are therefore one step when BLOCK_KB == CHUNK_SIZE (dt, x
+# and B requested together, dt loaded once), and the output pass requests
+# the next row block's dt one iteration ahead.
 #
 # Order of the output pass.  Per row block the intra-block dots (C B^T, then
 # x^T times the masked block) come first and the C . S_run dot, the only one
 # that needs the state updated at the end of the previous row block, comes
 # after them.  Triton waits for every wgmma right after issuing it, so the
-# order only changes what the compiler can schedule around the dots, but it
-# is measurable (H200, same inputs, bit-identical outputs; ms per call at
-# 16k / 256k tokens): granite-4.0-h-small dims 0.958 / 14.86 with C . S_run
-# first, 0.865 / 13.36 with it after the intra-block dots; Nemotron-H dims
-# (8 groups, chunk 128) 1.128 / 17.76 and 1.053 / 16.53.
-
+# order only changes what the compiler can schedule around the dots (the
+# outputs are bit-identical either way); this order is the faster one.
+#
 # Memory ordering.  Publisher: every thread stores its part of S_end (st to
 # global), then a CTA barrier (bar.sync orders the stores of all threads
 # before it at CTA scope), then one release atomic at GPU scope on the flag
@@ -132,16 +119,16 @@ from vllm.triton_utils import tl, triton
 # acq_rel atomic; the program that finds it is the last one has every other
 # program's flag accesses ordered before it, and zeroes the counters and
 # flags (_sync_done).  So the host keeps one zeroed buffer per device and
-# stream and does not clear it per call (ssd_fused_launch.scratch): that
-# cost a memset kernel and, at 1k tokens, a tenth of the host time.
+# stream and does not clear it per call (ssd_fused_launch.scratch), which
+# saves a memset kernel per call.
 # ---------------------------------------------------------------------------
 
 
 @triton.jit
-def _dt_load(dt_ptr, offs_t, clen, stride_dt_seqlen):
-    """Raw dt (fp32) of rows offs_t of the chunk; 0 beyond clen."""
+def _dt_load(dt_ptr, offs_t, clength, stride_dt_seqlen):
+    """Raw dt (fp32) of rows offs_t of the chunk; 0 beyond clength."""
     return tl.load(
-        dt_ptr + offs_t * stride_dt_seqlen, mask=offs_t < clen, other=0.0
+        dt_ptr + offs_t * stride_dt_seqlen, mask=offs_t < clength, other=0.0
     ).to(tl.float32)
 
 
@@ -168,6 +155,60 @@ def _load_rows(base, rows, mask_rows, cols, mask_cols, stride_row, stride_col):
         mask=mask_rows[:, None] & mask_cols[None, :],
         other=0.0,
     )
+
+
+@triton.jit
+def _write_empty_finals(
+    s_lo,
+    s_hi,
+    h,
+    offs_p,
+    offs_n,
+    state_mask,
+    init_ptr,
+    final_ptr,
+    final_idx_ptr,
+    stride_init_b,
+    stride_init_h,
+    stride_init_p,
+    stride_init_n,
+    stride_final_s,
+    stride_final_h,
+    stride_final_p,
+    stride_final_n,
+    stride_final_idx,
+    HAS_INITSTATES: tl.constexpr,
+    FINAL_HAS_INDICES: tl.constexpr,
+):
+    """Final states of the empty sequences s_lo .. s_hi - 1 (head h, this
+    program's slice): their initial states, or zeros."""
+    for s in range(s_lo, s_hi):
+        s64 = s + tl.zeros([], tl.int64)
+        if HAS_INITSTATES:
+            v = tl.load(
+                init_ptr
+                + s64 * stride_init_b
+                + h * stride_init_h
+                + offs_p[:, None] * stride_init_p
+                + offs_n[None, :] * stride_init_n,
+                mask=state_mask,
+                other=0.0,
+            )
+        else:
+            v = tl.where(state_mask, 0.0, 0.0)
+        if FINAL_HAS_INDICES:
+            slot = tl.load(final_idx_ptr + s * stride_final_idx).to(tl.int64)
+        else:
+            slot = s64
+        tl.store(
+            final_ptr
+            + slot * stride_final_s
+            + h * stride_final_h
+            + offs_p[:, None] * stride_final_p
+            + offs_n[None, :] * stride_final_n,
+            v.to(final_ptr.dtype.element_ty),
+            mask=state_mask,
+        )
 
 
 @triton.jit
@@ -214,6 +255,8 @@ def _ssd_fused_varlen_kernel(
     # runtime scalars
     dt_min,
     dt_max,
+    nchunks,
+    batch,
     # sizes
     nheads: tl.constexpr,
     hdim: tl.constexpr,
@@ -280,7 +323,7 @@ def _ssd_fused_varlen_kernel(
     g = h // heads_per_group
 
     chunk_start = tl.load(cu_chunk_ptr + c).to(tl.int64)
-    clen = (tl.load(cu_chunk_ptr + c + 1) - chunk_start).to(tl.int32)
+    clength = (tl.load(cu_chunk_ptr + c + 1) - chunk_start).to(tl.int32)
     seq = tl.load(seq_idx_ptr + c)
     seq_prev = tl.load(seq_idx_ptr + c - 1, mask=c > 0, other=-1)
     is_first = seq != seq_prev
@@ -308,11 +351,11 @@ def _ssd_fused_varlen_kernel(
     if BLOCK_KB == CHUNK_SIZE:
         # One step (the tuned configuration): the x and B tiles and dt are
         # requested together and dt is loaded once for both A and B.
-        mask_c = offs_c < clen
+        mask_c = offs_c < clength
         b_c = _load_rows(B_base, offs_c, mask_c, offs_n, mask_n, stride_B_t, stride_B_n)
         x_c = _load_rows(x_base, offs_c, mask_c, offs_p, mask_p, stride_x_t, stride_x_p)
         dt_all = _dt_process(
-            _dt_load(dt_base, offs_c, clen, stride_dt_t), mask_c, dt_bias,
+            _dt_load(dt_base, offs_c, clength, stride_dt_t), mask_c, dt_bias,
             dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
         )  # fmt: skip
         dA_all = dt_all * A
@@ -323,18 +366,18 @@ def _ssd_fused_varlen_kernel(
         s_loc = tl.dot(tl.trans(xw_c), b_c)
     else:
         dt_all = _dt_process(
-            _dt_load(dt_base, offs_c, clen, stride_dt_t), offs_c < clen, dt_bias,
+            _dt_load(dt_base, offs_c, clength, stride_dt_t), offs_c < clength, dt_bias,
             dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
         )  # fmt: skip
         dA_tot = tl.sum(dt_all * A, axis=0)
         s_loc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
         base = 0.0
         offs_kb = tl.arange(0, BLOCK_KB)
-        for k0 in range(0, clen, BLOCK_KB):
+        for k0 in range(0, clength, BLOCK_KB):
             rows = k0 + offs_kb
-            mask_t = rows < clen
+            mask_t = rows < clength
             dt_m = _dt_process(
-                _dt_load(dt_base, rows, clen, stride_dt_t), mask_t, dt_bias,
+                _dt_load(dt_base, rows, clength, stride_dt_t), mask_t, dt_bias,
                 dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS,
             )  # fmt: skip
             dA_m = dt_m * A
@@ -392,6 +435,18 @@ def _ssd_fused_varlen_kernel(
                 s_end.to(final_ptr.dtype.element_ty),
                 mask=state_mask,
             )
+            # Empty sequences have no chunks (last_chunk_indices == -1): the
+            # last chunk of sequence seq writes the final states of those
+            # between seq and the next chunk's sequence (the batch's end
+            # after the last chunk), chunk 0 those before its sequence.
+            seq_next = tl.load(seq_idx_ptr + c + 1, mask=c + 1 < nchunks, other=batch)
+            _write_empty_finals(
+                seq + 1, seq_next, h, offs_p, offs_n, state_mask, init_ptr,
+                final_ptr, final_idx_ptr, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, stride_final_s, stride_final_h,
+                stride_final_p, stride_final_n, stride_final_idx,
+                HAS_INITSTATES, FINAL_HAS_INDICES,
+            )  # fmt: skip
     else:
         tl.store(
             ws_ptr + (c * nheads + h) * hdim_x_dstate + state_offs,
@@ -401,6 +456,15 @@ def _ssd_fused_varlen_kernel(
         )
         tl.debug_barrier()
         tl.atomic_xchg(sync_ptr + 2 + c * NHB + hb, 1, sem="release", scope="gpu")
+    if WRITE_FINAL:  # noqa: SIM102
+        if c == 0:
+            _write_empty_finals(
+                0, seq, h, offs_p, offs_n, state_mask, init_ptr, final_ptr,
+                final_idx_ptr, stride_init_b, stride_init_h, stride_init_p,
+                stride_init_n, stride_final_s, stride_final_h, stride_final_p,
+                stride_final_n, stride_final_idx, HAS_INITSTATES,
+                FINAL_HAS_INDICES,
+            )  # fmt: skip
     if WRITE_INTER:
         tl.store(
             inter_ptr
@@ -426,12 +490,12 @@ def _ssd_fused_varlen_kernel(
     s_run = s_prev
     # dt of the next row block is requested one iteration ahead (a strided
     # 2-byte gather, which the pipeliner's asynchronous copies do not cover).
-    dt_next = _dt_load(dt_base, offs_m, clen, stride_dt_t)
-    for m0 in tl.range(0, clen, BLOCK_M, num_stages=OUT_STAGES):
+    dt_next = _dt_load(dt_base, offs_m, clength, stride_dt_t)
+    for m0 in tl.range(0, clength, BLOCK_M, num_stages=OUT_STAGES):
         rows = m0 + offs_m
-        mask_t = rows < clen
+        mask_t = rows < clength
         dt_raw = dt_next
-        dt_next = _dt_load(dt_base, rows + BLOCK_M, clen, stride_dt_t)
+        dt_next = _dt_load(dt_base, rows + BLOCK_M, clength, stride_dt_t)
         dt_m = _dt_process(
             dt_raw, mask_t, dt_bias, dt_min, dt_max, HAS_DT_BIAS, DT_SOFTPLUS
         )
@@ -471,128 +535,65 @@ def _ssd_fused_varlen_kernel(
             acc.to(out_ptr.dtype.element_ty),
             mask=mask_t[:, None] & mask_p[None, :],
         )
-        if m0 + BLOCK_M < clen:
+        if m0 + BLOCK_M < clength:
             blk = tl.sum(dA_m, axis=0)
             w = dt_m * fast_exp(tl.minimum(blk - cs_rel, 0.0))
             xw = (x.to(tl.float32) * w[:, None]).to(x.dtype)
             s_run = s_run * fast_exp(blk) + tl.dot(tl.trans(xw), b)
 
 
-# Hopper GPUs run the Gluon form of this kernel (ssd_fused_sm90: TMA, async
-# wgmma) wherever ssd_fused_sm90.supports() holds, whatever the prefill's
-# size; tests and benchmarks set USE_SM90_KERNEL to False to run the Triton
-# kernel below on the same inputs. Its GPU time is lower at every size
-# measured on the H200 (the stack's results/ssd_prefill-h200, CUDA-graph
-# replay: 27-44 us at 1k tokens, where the Triton form takes 57-82
-# (results/ssd_fused_host-h200); at 2k and 4k 53-63 and 95-106 us, the
-# Triton form's back-to-back calls, GPU-bound there, 117-125 and 233-236).
-# Its host time per call is higher (four TMA descriptors, which Triton's
-# launcher expands on every launch): at 1k tokens, where a call is
-# host-bound, back-to-back calls took 68-118 us against the Triton form's
-# 60-83, still 5.2-5.8x faster than the chain's five launches, and in a
-# forward pass the launch overlaps the GPU's work.
-# By default only under the Triton release the Gluon form has run with
-# (ssd_fused_sm90.TESTED_HERE); the tests set it to True to check another.
-USE_SM90_KERNEL = ssd_fused_sm90.TESTED_HERE
-
-
-def use_sm90_kernel(
-    x: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    out: torch.Tensor,
-    chunk_size: int,
-) -> bool:
-    """Whether ``mamba_chunk_scan_fused_varlen`` runs these inputs on the Gluon
-    Hopper form (``ssd_fused_sm90``) rather than the Triton kernel."""
-    return USE_SM90_KERNEL and ssd_fused_sm90.supports(x, B, C, out, chunk_size)
-
-
-# Launch configuration override (tests and benchmarks set it through
-# _set_launch_config) and the per-shape launch parameters derived from the
-# configuration (cached: this is host time on every prefill).
-_LAUNCH_OVERRIDE: dict[str, int] = {}
-_LAUNCH_PARAMS: dict[tuple[int, int, int, torch.dtype], dict[str, int]] = {}
-# per shape and flags (_launch_meta): the kernel's meta arguments
+# Launch parameters per shape (and override), derived once: this is host
+# time on every prefill.
 _LAUNCH_METAS: dict[tuple, ssd_fused_launch.Meta] = {}
 
 
-def _launch_config(
-    chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype
-) -> dict[str, int]:
-    block_p = min(64, max(16, triton.next_power_of_2(headdim)))
-    cfg = {
-        # Rows per step of the output pass (D) and of the state pass (B).
-        # Measured on H200 (granite-4.0-h-small dims, 16k tokens, one
-        # sequence; ms per call, before the output loop was pipelined;
-        # pipelined and with dt loaded once for A and B, BLOCK_KB 256 0.95,
-        # 128 1.02):
-        # BLOCK_M/BLOCK_KB/BLOCK_P/warps
-        # 64/256/64/4 1.11, 64/64/64/4 1.15, 64/64/64/8 1.77,
-        # 64/64/32/4 1.88, 32/64/64/4 3.30. Every choice needs about 255
-        # registers per thread, so 2 programs share an SM.
+def _launch_config(chunk_size: int, headdim: int) -> dict[str, int]:
+    """Block sizes and compile options of the Triton kernel."""
+    return {
+        # Rows per step of the output pass (D) and of the state pass (B); 64
+        # head-dim columns per program. Every choice needs about 255
+        # registers per thread at 4 warps, so 2 programs share an SM.
         "BLOCK_M": min(64, max(16, chunk_size)),
         "BLOCK_KB": min(256, max(16, chunk_size)),
-        "BLOCK_P": block_p,
+        "BLOCK_P": min(64, max(16, triton.next_power_of_2(headdim))),
         "num_warps": 4,
-        # Kernel-wide num_stages=2 gives wrong outputs on H200 with BLOCK_M
-        # 64 (relative error 2.7e-3 against the chain, 8.6e-5 with 1 stage),
-        # like ssd_chunk_scan._drop_racy_wgmma_configs; only the output loop
-        # is pipelined (OUT_STAGES, see "Operands and pipelining").
+        # Kernel-wide num_stages=2 gives wrong outputs on sm_90 with BLOCK_M
+        # 64, like ssd_chunk_scan._drop_racy_wgmma_configs; only the output
+        # loop is pipelined (OUT_STAGES, see "Operands and pipelining").
         "num_stages": 1,
         "OUT_STAGES": 2,
     }
-    cfg.update(_LAUNCH_OVERRIDE)
-    return cfg
-
-
-def _set_launch_config(**kwargs: int) -> None:
-    """Override launch parameters (BLOCK_M, BLOCK_KB, BLOCK_P, num_warps,
-    num_stages, OUT_STAGES) for benchmarks and tests. Call with no arguments
-    to reset."""
-    _LAUNCH_OVERRIDE.clear()
-    _LAUNCH_OVERRIDE.update(kwargs)
-    _LAUNCH_PARAMS.clear()
-    _LAUNCH_METAS.clear()
-
-
-def _launch_params(
-    chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype
-) -> dict[str, int]:
-    """Block sizes and compile options of one shape (the kernel's meta
-    arguments that depend on the shape only), cached per shape: deriving them
-    on every call (triton.cdiv / next_power_of_2 are constexpr functions) was
-    a measurable part of the host time of a 1k-token prefill (H200 host: 93 us
-    per call before, 77 us after; the Triton launch itself is about 40)."""
-    key = (chunk_size, headdim, dstate, dtype)
-    params = _LAUNCH_PARAMS.get(key)
-    if params is None:
-        cfg = _launch_config(chunk_size, headdim, dstate, dtype)
-        params = {
-            "CHUNK_SIZE": chunk_size,
-            "BLOCK_M": cfg["BLOCK_M"],
-            "BLOCK_KB": cfg["BLOCK_KB"],
-            "OUT_STAGES": cfg["OUT_STAGES"],
-            "BLOCK_P": cfg["BLOCK_P"],
-            "BLOCK_N": max(16, triton.next_power_of_2(dstate)),
-            "NUM_P_BLOCKS": triton.cdiv(headdim, cfg["BLOCK_P"]),
-            "num_warps": cfg["num_warps"],
-            "num_stages": cfg["num_stages"],
-        }
-        _LAUNCH_PARAMS[key] = params
-    return params
 
 
 def _launch_meta(
-    chunk_size: int, headdim: int, dstate: int, dtype: torch.dtype, flags: tuple
+    chunk_size: int,
+    headdim: int,
+    dstate: int,
+    flags: tuple,
+    config: Mapping[str, int] | None,
 ) -> ssd_fused_launch.Meta:
-    """The kernel's meta arguments: the shape's launch parameters and the
-    flags (ssd_fused_launch.meta_flags), made once per shape and flags."""
-    key = (chunk_size, headdim, dstate, dtype, flags)
+    """The kernel's meta arguments: the shape's launch parameters (with the
+    entries of ``config`` in place of _launch_config's) and the flags
+    (ssd_fused_launch.meta_flags), made once per shape, flags and config."""
+    override = tuple(sorted(config.items())) if config else ()
+    key = (chunk_size, headdim, dstate, flags, override)
     meta = _LAUNCH_METAS.get(key)
     if meta is None:
+        cfg = _launch_config(chunk_size, headdim)
+        unknown = set(dict(override)) - set(cfg)
+        if unknown:
+            raise ValueError(f"unknown launch parameters {sorted(unknown)}")
+        cfg.update(override)
         meta = _LAUNCH_METAS[key] = ssd_fused_launch.Meta(
-            _launch_params(chunk_size, headdim, dstate, dtype),
+            CHUNK_SIZE=chunk_size,
+            BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_KB=cfg["BLOCK_KB"],
+            OUT_STAGES=cfg["OUT_STAGES"],
+            BLOCK_P=cfg["BLOCK_P"],
+            BLOCK_N=max(16, triton.next_power_of_2(dstate)),
+            NUM_P_BLOCKS=triton.cdiv(headdim, cfg["BLOCK_P"]),
+            num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"],
             **dict(zip(ssd_fused_launch.FLAG_NAMES, flags)),
         )
     return meta
@@ -653,9 +654,9 @@ def mamba_chunk_scan_fused_varlen(
     return_intermediate_states; None if final_states_out is given; else the
     (S, H, P, N) final states in state_dtype.
 
-    Limitation: a sequence with no tokens (last_chunk_indices == -1) gets no
-    final state (the chain writes its initial state); vLLM never schedules
-    empty prefill sequences.
+    Empty sequences (repeated cu_seqlens entries, last_chunk_indices == -1)
+    have no chunks; the final state of one is its initial state, or zeros
+    without initial states.
 
     Launch: one Triton kernel with grid (K * H * cdiv(P, BLOCK_P),); each
     program takes a ticket from an atomic counter and computes the output of
@@ -663,9 +664,8 @@ def mamba_chunk_scan_fused_varlen(
     slice's chunk-end state, which it hands to the next chunk's program via
     an fp32 workspace (K, H, P, N) and a release/acquire flag.  Besides
     ``out``, ``final_states_out`` and the returned tensor, it writes only
-    that workspace and a small int32 flag buffer it allocates. (The sm_90
-    forms hand over one state per program instead: their workspace is one
-    (P, N) state per work item, a few MB whatever the prefill's length.)
+    that workspace and a small int32 flag buffer kept per device and
+    stream (ssd_fused_launch.scratch).
     """
     if platforms.current_platform.is_cpu():
         # The CPU backend has its own reference implementation.
@@ -712,9 +712,13 @@ def _mamba_chunk_scan_fused_fwd(
     state_dtype: torch.dtype | None = None,
     final_states_out: torch.Tensor | None = None,
     final_state_indices: torch.Tensor | None = None,
+    *,
+    triton_config: Mapping[str, int] | None = None,
 ) -> torch.Tensor | None:
-    """The Triton path of ``mamba_chunk_scan_fused_varlen`` (no platform
-    check; the Triton interpreter test calls it with CPU tensors)."""
+    """``mamba_chunk_scan_fused_varlen`` without its platform check (the
+    Triton interpreter test calls it with CPU tensors). ``triton_config``
+    overrides entries of ``_launch_config`` (BLOCK_M, BLOCK_KB, BLOCK_P,
+    OUT_STAGES, num_warps, num_stages) for tests."""
     assert cu_seqlens is not None, "cu_seqlens must be provided assuming varlen input"
     assert seq_idx is not None
     assert final_states_out is None or not return_intermediate_states
@@ -749,18 +753,22 @@ def _mamba_chunk_scan_fused_fwd(
         assert final_state_indices.shape == (batch,)
 
     device = x.device
-    if nchunks == 0:
+    if nchunks == 0:  # every sequence empty: nothing to launch
         if return_intermediate_states:
             return torch.empty(
                 (0, nheads, headdim, dstate), device=device, dtype=out_state_dtype
             )
-        return (
-            None
-            if final_states_out is not None
-            else torch.zeros(
+        if initial_states is not None:
+            finals = initial_states.to(out_state_dtype)
+        else:
+            finals = torch.zeros(
                 (batch, nheads, headdim, dstate), device=device, dtype=out_state_dtype
             )
-        )
+        if final_states_out is None:
+            return finals
+        assert final_state_indices is not None
+        final_states_out[final_state_indices.long()] = finals.to(final_states_out.dtype)
+        return None
 
     inter = None
     if return_intermediate_states:
@@ -777,39 +785,12 @@ def _mamba_chunk_scan_fused_fwd(
     else:
         final = None
 
-    if use_sm90_kernel(x, B, C, out, chunk_size):
-        ssd_fused_sm90.launch(
-            x, dt, A, B, C, chunk_size, cu_chunk_seqlens, last_chunk_indices,
-            seq_idx, out, D, z, dt_bias, initial_states, dt_softplus, dt_limit,
-            inter, final,
-            final_state_indices if final_states_out is not None else None,
-            write_final,
-        )  # fmt: skip
-    else:
-        flags = ssd_fused_launch.meta_flags(
-            D, z, dt_bias, dt_softplus, initial_states,
-            return_intermediate_states, write_final, final_states_out is not None,
-        )  # fmt: skip
-        meta = _launch_meta(chunk_size, headdim, dstate, x.dtype, flags)
-        n_items = nchunks * nheads * meta["NUM_P_BLOCKS"]
-        # a chunk-end state per chunk and head (each BLOCK_P slice its own
-        # part) and the flag buffer ("Flag buffer" above)
-        ws, sync = ssd_fused_launch.scratch(
-            device, nchunks * nheads * headdim * dstate, n_items
-        )
-        args = (
-            x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
-            final, final_state_indices, cu_chunk_seqlens, seq_idx,
-            last_chunk_indices,
-            float(dt_limit[0]), float(dt_limit[1]),
-            nheads, headdim, dstate, nheads // ngroups,
-            *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
-            D.stride(0) if D is not None else 0,
-            *_strides(z, 3), *out.stride(),
-            *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
-            final_state_indices.stride(0) if final_state_indices is not None else 0,
-        )  # fmt: skip
-        ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
+    _launch_triton(
+        x, dt, A, B, C, chunk_size, cu_chunk_seqlens, last_chunk_indices,
+        seq_idx, out, D, z, dt_bias, initial_states, dt_softplus, dt_limit,
+        inter, final, final_state_indices, write_final,
+        final_states_out is not None, triton_config,
+    )  # fmt: skip
 
     if return_intermediate_states:
         return inter
@@ -818,45 +799,55 @@ def _mamba_chunk_scan_fused_fwd(
     return final
 
 
-# "auto" runs the chain for token x head counts strictly inside
-# FUSED_AUTO_CHAIN_BAND = (lo, hi), where the chain measured faster, and the
-# fused kernel everywhere else; None means the fused kernel measured at least
-# as fast at every size.  Measured on one H200 (torch 2.11, triton 3.6; bf16,
-# headdim 64, dstate 128; results/ssd_prefill-h200.md of the stack), fused vs
-# chain, back-to-back calls, 1 / 8 sequences, the sm_90 Gluon form: at 1k
-# tokens (80-128 heads) 5.34-5.81x, mostly host launch cost; 2.56-5.44x at 4k
-# (host-bound too), 2.55-3.18x at 16k, 3.40-3.43x at 64k and 2.91-3.69x at
-# 256k tokens. (Before dt was loaded once per chunk the chain won at 16k and
-# the band was (2**19, 2**23).)
-FUSED_AUTO_CHAIN_BAND: tuple[int, int] | None = None
+def _launch_triton(
+    x, dt, A, B, C, chunk_size, cu_chunk_seqlens, last_chunk_indices, seq_idx,
+    out, D, z, dt_bias, initial_states, dt_softplus, dt_limit, inter, final,
+    final_state_indices, write_final, has_final_indices, triton_config,
+) -> None:  # fmt: skip
+    """Launch the Triton form (arguments checked by the caller)."""
+    seqlen, nheads, headdim = x.shape
+    _, ngroups, dstate = B.shape
+    nchunks = cu_chunk_seqlens.shape[0] - 1
+    flags = ssd_fused_launch.meta_flags(
+        D, z, dt_bias, dt_softplus, initial_states,
+        inter is not None, write_final, has_final_indices,
+    )  # fmt: skip
+    meta = _launch_meta(chunk_size, headdim, dstate, flags, triton_config)
+    n_items = nchunks * nheads * meta["NUM_P_BLOCKS"]
+    # a chunk-end state per chunk and head (each BLOCK_P slice its own part)
+    # and the flag buffer ("Flag buffer" above)
+    ws, sync = ssd_fused_launch.scratch(
+        x.device, nchunks * nheads * headdim * dstate, n_items
+    )
+    args = (
+        x, dt, A, B, C, D, z, dt_bias, out, initial_states, ws, sync, inter,
+        final, final_state_indices, cu_chunk_seqlens, seq_idx,
+        last_chunk_indices,
+        float(dt_limit[0]), float(dt_limit[1]), nchunks,
+        last_chunk_indices.shape[0],
+        nheads, headdim, dstate, nheads // ngroups,
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+        D.stride(0) if D is not None else 0,
+        *_strides(z, 3), *out.stride(),
+        *_strides(initial_states, 4), *_strides(inter, 4), *_strides(final, 4),
+        final_state_indices.stride(0) if final_state_indices is not None else 0,
+    )  # fmt: skip
+    ssd_fused_launch.launch(_ssd_fused_varlen_kernel, n_items, args, meta)
 
 
-def mamba_chunk_scan_auto_varlen(
-    x: torch.Tensor, *args, **kwargs
-) -> torch.Tensor | None:
-    """The faster of the two implementations for this prefill size, by the
-    measurement above (``MambaConfig.ssd_prefill = "auto"``); same contract
-    as both."""
-    band = FUSED_AUTO_CHAIN_BAND
-    if band is not None and band[0] < x.shape[0] * x.shape[1] < band[1]:
-        return mamba_chunk_scan_combined_varlen(x, *args, **kwargs)
-    return mamba_chunk_scan_fused_varlen(x, *args, **kwargs)
-
-
-SSD_PREFILL_IMPLS: dict[str, Callable[..., torch.Tensor | None]] = {
+# (Any: the chain's entry point is untyped, and callers index the result)
+SSD_PREFILL_IMPLS: dict[str, Callable[..., Any]] = {
     "chain": mamba_chunk_scan_combined_varlen,
     "fused": mamba_chunk_scan_fused_varlen,
-    "auto": mamba_chunk_scan_auto_varlen,
 }
 
 
 def select_mamba_chunk_scan_varlen(
     impl: str = "chain",
-) -> Callable[..., torch.Tensor | None]:
+) -> Callable[..., Any]:
     """Return the SSD prefill entry point for ``MambaConfig.ssd_prefill``:
-    ``"chain"`` (upstream five-kernel chain), ``"fused"`` (this module's
-    single launch, always) or ``"auto"`` (the chain inside
-    ``FUSED_AUTO_CHAIN_BAND`` token x head pairs, if set, fused elsewhere)."""
+    ``"chain"`` (upstream five-kernel chain) or ``"fused"`` (this module's
+    single launch)."""
     try:
         return SSD_PREFILL_IMPLS[impl]
     except KeyError:

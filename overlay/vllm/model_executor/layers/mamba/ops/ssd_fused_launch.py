@@ -2,35 +2,36 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Launches of the fused SSD prefill kernels without Triton's per-call binding.
 
-``kernel[grid](*args, **meta)`` binds and specializes every argument on every
-call (``JITFunction.run``: the type, 16-byte alignment and value class of each
-of the kernels' 65-71 arguments, then a string cache key). ``launch`` builds
-a cheaper key from the same facts, looks the compiled kernel up under it and
-launches that (``CompiledKernel[grid]``); on a miss it takes the kernel from
-``JITFunction.warmup`` with the same arguments, which compiles it if needed.
-Measured on the H200's host (the stack's results/ssd_fused_launch-h200), host
-time per fused prefill call at 1k-4k tokens: the Triton kernel 63-98 -> 52-87
-us, the sm_90 kernel 117-189 -> 85-122 us (their GPU time: 29-230 us). It
-first looks under ``fast_key`` (ints by value, no Python step per argument)
-and keeps the flag buffer and workspace per stream (``scratch``): median
-41 and 69 us (results/ssd_fused_host-h200). Where no launch hook is
-registered it calls the compiled kernel's launcher itself, as
-``CompiledKernel[grid]`` does less the hooks' work (an empty hook chain is
-still called twice per launch, with launch metadata built for it), and the
-callers' meta arguments are ``Meta`` objects made once per configuration
-(their items are not hashed again per launch): results/ssd_fused_hostpath-h200.
+A fused prefill is one kernel launch, so at small prefills (about 1k tokens)
+its cost is host time. ``kernel[grid](*args, **meta)`` binds and specializes
+every argument on every call (``JITFunction.run``: the type, 16-byte
+alignment and value class of each of the kernels' 65-71 arguments, then a
+string cache key). ``launch`` builds a cheaper key from the same facts, looks
+the compiled kernel up under it and launches that; on a miss it takes the
+kernel from ``JITFunction.warmup`` with the same arguments, which compiles it
+if needed, and launches it through ``CompiledKernel[grid]``. The callers'
+meta arguments are ``Meta`` objects made once per configuration (their items
+are not hashed again per launch). The flag buffer and the workspace are kept
+per stream (``scratch``).
 
 The key determines Triton's specialization: a tensor's dtype and whether its
 address is a multiple of 16; for an int, whether it is 1, a multiple of 16 and
 in int32 range (the three facts Triton specializes an int on); floats and
-None by position; constexpr parameters and any other argument (a TMA
-descriptor's dtype and block shape) by value, a descriptor's layout by
-identity (the layout object is kept alive).
+None by position; constexpr parameters and any other argument by value.
 ``test_launch_key_determines_the_specialization`` (tests/kernels/mamba/
 test_ssd_fused.py, CPU) checks this against Triton's own argument binding.
 What the JIT reads at each launch besides the arguments (its debug and
 instrumentation knobs, pre-run hooks) is read at a key's first launch only;
 launch hooks (``knobs.runtime.launch_enter_hook``) run on every launch.
+
+Private path: where no launch hook is registered, a cached kernel is
+launched by calling ``CompiledKernel.run`` (the driver's launcher) with the
+arguments ``CompiledKernel[grid]`` would pass it, less the launch metadata
+and the two hook chains it would call on every launch. That argument list is
+Triton's internal calling convention, so this path is taken only under the
+releases in ``DIRECT_RUN_TRITON`` (``test_direct_run_matches_triton_runner``
+checks it against each one's ``CompiledKernel.__getitem__``); under any
+other release every launch goes through ``CompiledKernel[grid]``.
 """
 
 from collections.abc import Callable, Hashable
@@ -54,38 +55,20 @@ _dtype = attrgetter("dtype")
 # per kernel: which of its parameters are constexprs (keyed by value)
 _CONSTEXPR: dict[Any, tuple[bool, ...]] = {}
 
-# TMA descriptors (the sm_90 form's x / B / C / out views)
-_DESCRIPTOR_TYPES: tuple[type, ...] = ()
-try:
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    _DESCRIPTOR_TYPES = (TensorDescriptor,)
-except ImportError:
-    pass
-
-
 _I32 = 2**31
 
-# Objects keyed by identity (a TMA descriptor's shared-memory layout, whose
-# __hash__ is Python code): kept alive here, so that their ids stay
-# unique; at most PINNED_MAX (then keyed by value).
-_PINNED: dict[int, Any] = {}
-PINNED_MAX = 256
-
-
-def _pinned(obj: Any) -> Hashable:
-    """The id of obj where obj is (or can be) kept in _PINNED, else obj."""
-    i = id(obj)
-    if i in _PINNED or len(_PINNED) < PINNED_MAX:
-        # a kept object never dies, so an id in _PINNED is still its own
-        _PINNED.setdefault(i, obj)
-        return i
-    return obj
+# Triton releases whose CompiledKernel[grid] runner calls
+# ``self.run(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
+# enter_hook, exit_hook, *args)``, so that launch() may call run() itself.
+DIRECT_RUN_TRITON = ("3.6", "3.8")
+_DIRECT_RUN = getattr(triton, "__version__", "").startswith(
+    tuple(v + "." for v in DIRECT_RUN_TRITON)
+)
 
 
 def _other_key(a: Any) -> Hashable:
-    if isinstance(a, _DESCRIPTOR_TYPES):  # (its base is 16-byte aligned)
-        return a.base.dtype, tuple(a.block_shape), _pinned(a.layout)
+    """The key of an argument that is neither a tensor, an int, a float nor
+    None: the argument itself (by value)."""
     return a
 
 
@@ -234,9 +217,8 @@ def launch_key(fn: Any, args: tuple, meta: Meta) -> Hashable:
 
 # Per (device, stream): the fused kernels' flag buffer, which every launch
 # leaves zeroed (ssd_fused, "Flag buffer"), and their fp32 state workspace,
-# which a launch writes before it reads it; kept across calls (zeroing the
-# flags cost a memset kernel and, with the workspace's allocation, 15 us of
-# host time per call on the H200's host). One per stream, so that launches on
+# which a launch writes before it reads it; kept across calls (no memset
+# kernel and no allocation per call). One per stream, so that launches on
 # two streams never share one. Under CUDA graph capture each launch gets its
 # own (the graph's memory: a kept buffer would be shared by graph replays
 # and eager calls on other streams).
@@ -254,7 +236,7 @@ def _stream_key(device: torch.device) -> tuple[int, int] | None:
         return None
     index = device.index
     if index is None:
-        index = torch.cuda.current_device()
+        index = torch.accelerator.current_device_index()
     return index, triton.runtime.driver.active.get_current_stream(index)
 
 
@@ -297,9 +279,12 @@ def scratch(
     )
 
 
-def _hooks_empty() -> bool:
-    """Whether no launch hook is registered (Triton's hook chains are empty
-    or unset): a launch may then skip them."""
+def _direct_run_ok() -> bool:
+    """Whether launch() may call a cached kernel's run() itself: a release
+    in DIRECT_RUN_TRITON and no launch hook registered (Triton's hook chains
+    empty or unset)."""
+    if not _DIRECT_RUN:
+        return False
     rt = triton.knobs.runtime
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
     return (enter is None or getattr(enter, "calls", True) == []) and (
@@ -337,8 +322,9 @@ def launch(fn: Any, grid: int, args: tuple, meta: Meta) -> None:
         _FAST[fast] = hit
         return
     kernel, constexprs = hit
-    if _hooks_empty():
-        # what CompiledKernel[grid](...) does, less the hooks' work
+    if _direct_run_ok():
+        # what CompiledKernel[grid](*args) does with no hooks registered
+        # (its launch metadata is only read by hooks)
         kernel.run(
             grid, 1, 1, driver.get_current_stream(device), kernel.function,
             kernel.packed_metadata, None, None, None, *args, *constexprs,

@@ -2,13 +2,13 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Hopper (sm_90) form of the fused Mamba2 SSD prefill kernel, in Gluon.
 
-Same algorithm, ticket scheme (and deadlock-freedom proof) and memory
+Same algorithm, ticket scheme (and deadlock-freedom argument) and memory
 ordering as the portable Triton kernel in ``ssd_fused``; what changes is how
-one program uses the SM, which Triton's ``tl.dot`` does not let us control:
+one program uses the SM, which Triton's ``tl.dot`` does not let us control
+(it waits for every wgmma right after issuing it):
 
-* x, B and C row tiles arrive by TMA into a two-deep ring of shared-memory
-  buffers (mbarrier-tracked), requested two row blocks ahead across both
-  passes, so the output pass's first tiles load during the state pass;
+* x, B and C row tiles arrive by TMA into a ring of shared-memory buffers
+  (mbarrier-tracked), requested ahead of their use across passes;
 * the tensor-core dots are asynchronous wgmma: C.B^T and C.S_run are issued
   together and the decay factors, the masked block and the operand of the
   state update are computed while they run; the state update runs while the
@@ -19,35 +19,19 @@ one program uses the SM, which Triton's ``tl.dot`` does not let us control:
   exponentials) is computed there once and kept in shared memory;
 * full output row blocks are written by TMA stores from shared memory.
 
-The kernel (``_ssd_fused_sm90_kernel``) has two work decompositions sharing
-those steps (``_state_block``, ``_output_block``), chosen by its RUNS
-constexpr:
+Work decomposition (``_ssd_fused_sm90_kernel``): one program per (run,
+head), a run being ``run_chunks`` consecutive chunks of any sequences. The
+output pass carries the running state S_run from chunk to chunk in
+registers, so a chunk needs no state pass and no hand-over, and its x / B
+tiles are read once. Only where the next run continues a sequence is a state
+pass needed, over that sequence's chunks in the run (the run's tail); it is
+split between the two programs (``_split``), so that with one sequence over
+all runs of a head every program does the same share of state-pass work and
+none waits for a whole tail's pass. The kernel has two forms (WS constexpr,
+``warp_specialized``):
 
-* chunk programs (RUNS=False): one program per (chunk, head), like the Triton
-  kernel: a state pass over the chunk, the chunk-end state handed to the next
-  chunk's program, then the output pass.
-* runs (RUNS=True, "the run kernel"; the launcher's choice): one program per
-  (run, head), a run being ``run_chunks`` consecutive chunks of any
-  sequences, ``slots // heads`` runs per head (``run_length``: one wave of
-  2 programs per SM). The output pass carries the running state from chunk
-  to chunk in registers, so a chunk needs no state pass and no hand-over,
-  and its x / B tiles are read once instead of twice. Only where the next
-  run continues a sequence is a state pass needed, over that sequence's
-  chunks in the run (the run's tail). It is split between the two programs
-  (``_split``), so that with one sequence over all runs of a head every
-  program does the same (runs - 1) / runs of a run's state pass and none
-  waits for its predecessor's.
-  Measured on H200 (results/ssd_prefill-h200 of the stack as of its commit
-  8101459, the sm90_ms column), ms per call, chunk programs / one-warpgroup
-  run kernel, granite-4.0-h-small
-  dims, 16k / 256k tokens: one sequence 0.562 / 9.01 against 0.424 / 7.18,
-  8 sequences 0.555 / 9.00 against 0.371 / 6.18 (Mamba2-2.7B, Nemotron-H:
-  0.351-0.703 / 5.64-11.2 against 0.275-0.482 / 4.19-8.09); the chunk
-  programs run only where forced (``RUN_CHUNKS = 0``: tests, benchmarks).
-
-The run kernel has two forms (WS constexpr, ``warp_specialized``):
-
-* one warpgroup, RUN_SLOTS_PER_SM programs per SM (the run kernel above);
+* one warpgroup, RUN_SLOTS_PER_SM programs per SM, ``slots // heads`` runs
+  per head (``run_length``: one wave);
 * warp-specialized (``_ws_output`` / ``_ws_state`` / ``_ws_loader``): one
   program per SM on three warpgroups joined by mbarrier rings in shared
   memory. A program's work item is a range of the heads x chunks in
@@ -59,49 +43,42 @@ The run kernel has two forms (WS constexpr, ``warp_specialized``):
   program takes it, as it reaches that chunk. The next program, after its
   own next-head part, runs a state pass over the chunks between that chunk
   and its range's start, takes the state and runs its part of the first
-  head (``_ws_entry_plan`` places the hand-over chunk so that the two
-  meet). The loader issues every row tile by TMA into a ring (three deep;
-  four where ranges cross heads, as the state pass reads through it), in
-  the order they are consumed; the state warpgroup carries S_run through
-  the range, publishing each 64-row block's S_run (bf16, two-slot ring)
-  while the block's update is in flight and each chunk's dt factors
-  (two-slot ring), and runs the state pass on per-chunk weights the output
-  warpgroup computes meanwhile (two-slot ring); the output warpgroup
-  computes C.B^T, C.S_run and y. Each ring is released by its consumers
-  before it is refilled, and the state warpgroup runs at most two row
-  blocks and one chunk ahead of the output warpgroup, so no wait closes a
-  cycle within a program; across programs a program waits only for its
-  predecessor's hand-over (the ticket argument in ``_ws_plan``). Used where
-  whole heads per program fill the GPU (``ws_fills``: 128 heads, granite
-  and Nemotron-H, 0.36 / 0.37 ms at 16k tokens against the one-warpgroup
-  form's 0.42 / 0.50, one sequence, the stack's results/ssd_fused_ws-h200,
-  run 6) and from WS_MIN_HEADS heads per SM: at 80 heads (Mamba2-2.7B)
-  1.17x / 1.08x the one-warpgroup form at 16k tokens (1 / 8 sequences) and
-  1.07x at 256k, at 96 heads 1.36x (results/ssd_fused_bfirst-h200, runs
-  3-4). At 64 and 40 heads, where ws_fills takes it, it measured 0.89-1.01x
-  the one-warpgroup form with the three-deep ring (run 3).
+  head (``_ws_entry_plan`` places the hand-over chunk so that the two meet,
+  from the cost of a state-pass chunk relative to a run chunk,
+  ``LaunchConfig.help_cost``). The loader issues every row tile by TMA into
+  a ring (three deep; four where ranges cross heads, as the state pass
+  reads through it), in the order they are consumed; the state warpgroup
+  carries S_run through the range, publishing each 64-row block's S_run
+  (bf16, two-slot ring) while the block's update is in flight and each
+  chunk's dt factors (two-slot ring), and runs the state pass on per-chunk
+  weights the output warpgroup computes meanwhile (two-slot ring); the
+  output warpgroup computes C.B^T, C.S_run and y. The launcher takes it
+  where whole heads per program fill the GPU (``ws_fills``) or there are at
+  least WS_MIN_HEADS heads per SM.
 
-Gluon is Triton's experimental lower-level language; this module compiles with
-the Triton releases in ``GLUON_TRITON_VERSIONS`` and is used by default only
-with the one it has run with (``GLUON_TESTED_TRITON``).
+Deadlock freedom. Within a program: each ring slot is released by all its
+consumers before its producer refills it, and the state warpgroup runs at
+most two row blocks and one chunk ahead of the output warpgroup (the depth
+of the rings between them), so every wait is on a step that an earlier step
+of another warpgroup of the same program releases: no wait closes a cycle.
+Across programs: a program takes its work item from the ticket counter, in
+increasing order, and waits only for a hand-over from the item before it
+(a smaller ticket, held by a program that is running or has finished), so
+the argument of ``ssd_fused`` applies unchanged.
 
-Measured on H200 (granite-4.0-h-small dims, bf16, one sequence, ms per call
-at 16k / 256k tokens, one process): the chain 1.00 / 19.9, the Triton kernel
-0.86 / 13.5, the chunk-program kernel 0.56 / 9.0, the one-warpgroup run kernel
-0.42 / 7.2 (the stack's results/ssd_prefill-h200 as of 8101459); as of
-4e1d81b the warp-specialized run kernel 0.353 / 5.68 against the
-one-warpgroup one's 0.420 / 7.01 and the chain's 0.99 / 19.2. In earlier
-runs a plain port of the Triton kernel's steps measured 0.80 / 12.5; dt
-kept in shared memory and the TMA output stores took it to 0.65 / 10.1
-(results/ssd_fused_ablation-h200, run sm90-form), and the per-row factors
-computed once per program to 0.58 / 9.4 (run sm90-breakdown).
+Gluon is Triton's experimental lower-level language and its API changes
+between releases: this module is used with the releases in
+``GLUON_TRITON_VERSIONS`` (the ones it is compiled and tested with) and
+otherwise reports itself unavailable (``HAS_GLUON``), so that
+``ssd_fused`` runs its Triton form.
 
-Used by ``mamba_chunk_scan_fused_varlen`` where ``ssd_fused.use_sm90_kernel``
-holds: ``supports`` below (sm_90, bf16 x / B / C / out with unit-stride,
-TMA-compatible rows, headdim 64, dstate 32, 64 or 128, chunk 128 or 256);
-everything else runs the Triton kernel.
+Used by ``mamba_chunk_scan_fused_varlen`` where ``supports`` holds (sm_90,
+bf16 x / B / C / out with unit-stride, TMA-compatible rows, headdim 64,
+dstate 32, 64 or 128, chunk 128 or 256); everything else runs the Triton
+kernel.
 """
 
+import dataclasses
 from functools import cache
 
 import torch
@@ -109,15 +86,9 @@ import torch
 from vllm.model_executor.layers.mamba.ops import ssd_fused_launch
 from vllm.triton_utils import triton
 
-# Gluon is experimental and its API changes between Triton releases. This
-# kernel compiles with the releases in GLUON_TRITON_VERSIONS (the stack's CI
-# compiles it with each); it has run on a GPU (tests, benchmarks) only with
-# GLUON_TESTED_TRITON, so only there does ssd_fused use it by default
-# (TESTED_HERE). vLLM 0.33.0's torch 2.14 brings Triton 3.8.
+# The Triton releases this Gluon code is written and tested for.
 GLUON_TRITON_VERSIONS = ("3.6", "3.8")
-GLUON_TESTED_TRITON = "3.6"
 _TRITON_VERSION = getattr(triton, "__version__", "")
-TESTED_HERE = _TRITON_VERSION.startswith(GLUON_TESTED_TRITON + ".")
 HAS_GLUON = False
 if _TRITON_VERSION.startswith(tuple(v + "." for v in GLUON_TRITON_VERSIONS)):
     try:
@@ -139,29 +110,45 @@ if _TRITON_VERSION.startswith(tuple(v + "." for v in GLUON_TRITON_VERSIONS)):
 BLOCK_M = 64  # rows per output / state step: one wgmma M tile per warpgroup
 NUM_BUFFERS = 2  # depth of the TMA ring
 # Programs resident per SM (255 registers x 4 warps, about 110 KB of shared
-# memory each): the run kernel's programs per SM when it splits the chunks
-# into runs.
+# memory each): the one-warpgroup run kernel's programs per SM.
 RUN_SLOTS_PER_SM = 2
-# Chunks per program of the run kernel: None = run_length() below; tests and
-# benchmarks force 0 (the chunk-program kernel) or a run length.
-RUN_CHUNKS: int | None = None
-# The run kernel on three warpgroups (output pass, running state, loads), one
-# program per SM, or on one (RUN_SLOTS_PER_SM programs per SM): None = the
-# three where their one wave fills at least WS_MIN_FILL of the SMs
-# (ws_fills below) or the heads are at least WS_MIN_HEADS of the SMs; tests
-# and benchmarks force True / False.
-WARP_SPECIALIZE: bool | None = None
+# The warp-specialized run kernel is taken where its one wave of whole heads
+# fills at least WS_MIN_FILL of the SMs (ws_fills) or the heads are at least
+# WS_MIN_HEADS of the SMs (its ranges then cross heads).
 WS_MIN_FILL = 0.9
 WS_MIN_HEADS = 0.55
 # Depth of its TMA ring: one head per program, and where ranges cross heads
 # (the state passes then read their tiles through the ring at its depth).
 WS_NUM_BUFFERS = (3, 4)
 WS_REGS = (216, 40)  # registers of its state and loader warpgroups
-# Time of its state pass over a chunk, in units of the time of its output pass
-# over a chunk: where a range continues a sequence from the previous one,
-# _ws_entry_plan uses it to split the state pass between the two (0.28:
-# fastest of 0.2-0.4 on the H200 at 80 heads, results/ssd_fused_xw-h200).
-WS_HELP_COST = 0.28
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How ``launch`` decomposes the work. The defaults are the launcher's
+    heuristics; tests and benchmarks pass others to reach each form.
+
+    run_chunks: chunks per program (run or range); None: ``run_length`` for
+        the one-warpgroup kernel, ``ws_programs``' plan (one head per program
+        or one program per SM) for the warp-specialized one.
+    warp_specialize: the warp-specialized kernel (True), the one-warpgroup
+        one (False), or ``warp_specialized``'s choice (None).
+    help_cost: the time of the warp-specialized kernel's state pass over a
+        chunk in units of its output pass over a chunk, by which
+        ``_ws_entry_plan`` places a hand-over (tuned on an H200 at 80
+        heads).
+    """
+
+    run_chunks: int | None = None
+    warp_specialize: bool | None = None
+    help_cost: float = 0.28
+
+    def __post_init__(self) -> None:
+        if self.run_chunks is not None and self.run_chunks < 1:
+            raise ValueError(f"run_chunks must be at least 1, not {self.run_chunks}")
+
+
+DEFAULT_CONFIG = LaunchConfig()
 
 
 @cache
@@ -201,9 +188,9 @@ if HAS_GLUON:
 
     class _TmaView(TensorDescriptor):
         """A TensorDescriptor without the argument checks it runs when built
-        (most of the 12 us of host time the four took per call on the H200's
-        host): launch() builds them only for views supports() has checked
-        (bf16, unit inner stride, 16-byte aligned base and rows)."""
+        (host time on every launch): launch() builds them only for views
+        supports() has checked (bf16, unit inner stride, 16-byte aligned base
+        and rows)."""
 
         def __post_init__(self) -> None:
             pass
@@ -282,15 +269,15 @@ if HAS_GLUON:
 
     @gluon.jit
     def _issue(
-        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        s, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
         bcol,
     ):  # fmt: skip
         """Request into ring slot s row block ij of the chunk starting at row
-        ist, for the state pass (ikind 0: x, B) or the output pass (1: x, B,
+        istart, for the state pass (ikind 0: x, B) or the output pass (1: x, B,
         C); nothing for ikind >= 2."""
         if ikind < 2:
             bar = bars.index(s)
-            r = ist + ij * _BLOCK_M
+            r = istart + ij * _BLOCK_M
             if ikind == 0:
                 mbarrier.expect(
                     bar, x_desc.block_type.nbytes + b_desc.block_type.nbytes
@@ -307,19 +294,19 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(b_desc, [r, bcol], bar, b_s.index(s))
 
     @gluon.jit
-    def _dt_raw(dt_ptr, cstart, clen, h, stride_dt_t, stride_dt_h, NB: gl.constexpr):
-        """The chunk's dt (rows [cstart, cstart + clen), 0 past clen) as
+    def _dt_raw(dt_ptr, cstart, clength, h, stride_dt_t, stride_dt_h, NB: gl.constexpr):
+        """The chunk's dt (rows [cstart, cstart + clength), 0 past clength) as
         stored, row block k in row k; issued early, used by _chunk_factors."""
         offs = (
             gl.arange(0, NB, layout=gl.SliceLayout(1, _BLK_C))[:, None] * _BLOCK_M
             + gl.arange(0, _BLOCK_M, layout=gl.SliceLayout(0, _BLK_C))[None, :]
         )
         base = dt_ptr + cstart.to(gl.int64) * stride_dt_t + h * stride_dt_h
-        return gl.load(base + offs * stride_dt_t, mask=offs < clen, other=0.0)
+        return gl.load(base + offs * stride_dt_t, mask=offs < clength, other=0.0)
 
     @gluon.jit
     def _chunk_factors(
-        dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+        dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
         wout_s, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
         DT_SOFTPLUS: gl.constexpr, STATE_W: gl.constexpr, OUT_W: gl.constexpr,
     ):  # fmt: skip
@@ -343,7 +330,7 @@ if HAS_GLUON:
             dt += dt_bias
         if DT_SOFTPLUS:
             dt = gl.where(dt <= 20.0, gl.log(gl.exp(dt) + 1.0), dt)
-        dt = gl.where(offs < clen, gl.minimum(gl.maximum(dt, dt_min), dt_max), 0.0)
+        dt = gl.where(offs < clength, gl.minimum(gl.maximum(dt, dt_min), dt_max), 0.0)
         dA = dt * A
         cs = gl.associative_scan(dA, 1, _add)
         blk_tot = gl.sum(dA, axis=1)
@@ -419,14 +406,14 @@ if HAS_GLUON:
 
     @gluon.jit
     def _output_block(
-        s_run, k, cstart, clen, h, xcol, xs, bs, cs, st_s, y_s, out_desc, out_ptr,
+        s_run, k, cstart, clength, h, xcol, xs, bs, cs, st_s, y_s, out_desc, out_ptr,
         z_ptr, Dv, dt_rows, cs_rows, ecs_rows, wout_rows, stride_out_t,
         stride_out_h, stride_out_p, stride_z_t, stride_z_h, stride_z_p,
         HAS_D: gl.constexpr, D_HAS_HDIM: gl.constexpr, HAS_Z: gl.constexpr,
         UPDATE: gl.constexpr = True, exp_cap=0.0, HAS_EXP_CAP: gl.constexpr = False,
     ):  # fmt: skip
         """Output rows [k * BLOCK_M, (k + 1) * BLOCK_M) of the chunk at rows
-        [cstart, cstart + clen) for head h, with x / B / C from ring slot
+        [cstart, cstart + clength) for head h, with x / B / C from ring slot
         views xs / bs / cs and the running state S_run in st_s (bf16) and
         s_run (fp32):
 
@@ -485,7 +472,7 @@ if HAS_GLUON:
             # the state update for the next row block (on a chunk's last
             # block: the state at the chunk's end), in flight behind the two
             # dots; exp(block total) is the block's last exp(cs) (dt is 0
-            # past clen)
+            # past clength)
             e_blk = _block_decay(ecs_rows, k)
             s_run = warpgroup_mma(xw, bs, s_run * e_blk, is_async=True)
         # decay exponents in exp2's unit (_chunk_factors)
@@ -531,7 +518,7 @@ if HAS_GLUON:
                 y += xo * Dv[None, :]
             else:
                 y += xo * Dv
-        mask_i = rows < clen
+        mask_i = rows < clength
         if HAS_Z:
             z_base = z_ptr + cstart.to(gl.int64) * stride_z_t + h * stride_z_h
             zv = gl.load(
@@ -542,14 +529,14 @@ if HAS_GLUON:
             y *= zv / (1.0 + gl.exp(-zv))
         # Both branches end in a barrier: st_s is complete, and every warp is
         # done with the ring slot.
-        if m0 + _BLOCK_M <= clen:
+        if m0 + _BLOCK_M <= clength:
             tma.store_wait(0)  # the previous block's store left y_s
             y_s.store(y.to(io_dtype))
             fence_async_shared()
             _cta_barrier()
             tma.async_copy_shared_to_global(out_desc, [cstart + m0, xcol], y_s)
         else:
-            # the chunk's last, partial block: rows past clen belong to the
+            # the chunk's last, partial block: rows past clength belong to the
             # next chunk, so no TMA box here
             out_base = out_ptr + cstart.to(gl.int64) * stride_out_t + h * stride_out_h
             gl.store(
@@ -647,28 +634,28 @@ if HAS_GLUON:
         return ic, ikind
 
     @gluon.jit
-    def _advance(ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr):
+    def _advance(ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr):
         """Move the run kernel's load cursor (row block ij of chunk ic, which
-        has inb blocks from row ist, in pass ikind; see _settle) one row
+        has inb blocks from row istart, in pass ikind; see _settle) one row
         block on."""
         ij += 1
         if ij >= inb:
             ij = 0
             ic, ikind = _settle(ic + 1, ikind, own_hi, help_lo, c0, c1)
             if ikind < 3:
-                ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
+                istart, ilen = _chunk_bounds(cu_chunk_ptr, ic)
                 inb = gl.cdiv(ilen, _BLOCK_M)
-        return ic, ij, inb, ist, ikind
+        return ic, ij, inb, istart, ikind
 
     @gluon.jit
     def _issue_run(
-        s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
+        s, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol,
         bcol,
     ):  # fmt: skip
         """_issue for the run kernel's cursor: its passes 0 and 1 are state
         passes, 2 the output pass."""
         _issue(
-            s, ij, ist, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
+            s, ij, istart, ikind - (ikind > 0).to(gl.int32), x_desc, b_desc, c_desc,
             x_s, b_s, c_s, bars, xcol, bcol,
         )  # fmt: skip
 
@@ -752,16 +739,16 @@ if HAS_GLUON:
         """Chunk c's first row, length and dt (requested a chunk earlier), and
         chunk c + 1's, requested now if c + 1 < hi."""
         cstart = nstart
-        clen = nlen
+        clength = nlen
         dt_raw = dt_next
         if c + 1 < hi:
             nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
             dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
-        return cstart, clen, dt_raw, nstart, nlen, dt_next
+        return cstart, clength, dt_raw, nstart, nlen, dt_next
 
     @gluon.jit
     def _state_pass(
-        lo, hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        lo, hi, t, ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1,
         cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
         dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars, x_desc,
         b_desc, c_desc, xcol, bcol, NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr,
@@ -781,17 +768,17 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, lo)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(lo, hi):
-            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+            cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                 c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
             dA_tot = _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
+                dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
                 wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, False,
             )  # fmt: skip
             s_acc = s_acc * _exp(dA_tot)
             wst_rows = _rows(wst_s)
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
+            for k in range(gl.cdiv(clength, _BLOCK_M)):
                 s = t % NBUF
                 mbarrier.wait(bars.index(s), (t // NBUF) & 1)
                 s_acc = _state_block(
@@ -799,15 +786,15 @@ if HAS_GLUON:
                 )
                 _cta_barrier()  # every warp is done with slot s
                 _issue_run(
-                    s, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
+                    s, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
                     xcol, bcol,
                 )  # fmt: skip
-                ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+                ic, ij, inb, istart, ikind = _advance(
+                    ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
                 )
                 t += 1
             dA += dA_tot
-        return s_acc, dA, t, ic, ij, inb, ist, ikind
+        return s_acc, dA, t, ic, ij, inb, istart, ikind
 
     @gluon.jit
     def _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS: gl.constexpr):
@@ -822,7 +809,7 @@ if HAS_GLUON:
     @gluon.jit
     def _entry_state(
         item, prev, h, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
-        own_hi, help_lo, t, ic, ij, inb, ist, ikind, cu_chunk_ptr, dt_ptr,
+        own_hi, help_lo, t, ic, ij, inb, istart, ikind, cu_chunk_ptr, dt_ptr,
         stride_dt_t, stride_dt_h, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
         wst_s, wout_s, x_s, b_s, c_s, bars, x_desc, b_desc, c_desc, xcol, bcol,
         init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
@@ -840,8 +827,8 @@ if HAS_GLUON:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16]
         )
         # ---- state passes: own tail part, then the previous item's rest --
-        s_own, dA_own, t, ic, ij, inb, ist, ikind = _state_pass(
-            tail, own_hi, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        s_own, dA_own, t, ic, ij, inb, istart, ikind = _state_pass(
+            tail, own_hi, t, ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1,
             cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
             bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
@@ -852,8 +839,8 @@ if HAS_GLUON:
             # 0), read back by the same threads below
             own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
             gl.store(own_ptrs, s_own, cache_modifier=".cg")
-        s_acc, dA_help, t, ic, ij, inb, ist, ikind = _state_pass(
-            help_lo, c0, t, ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1,
+        s_acc, dA_help, t, ic, ij, inb, istart, ikind = _state_pass(
+            help_lo, c0, t, ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1,
             cu_chunk_ptr, dt_ptr, h, stride_dt_t, stride_dt_h, A, dt_bias,
             dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s,
             bars, x_desc, b_desc, c_desc, xcol, bcol, NB, HAS_DT_BIAS,
@@ -888,30 +875,76 @@ if HAS_GLUON:
             own_ptrs = _ws_ptrs(ws_ptr, item, P, N, mma_s)
             s_mid = _exp(dA_own) * s_in + gl.load(own_ptrs, cache_modifier=".cg")
             _hand_over(ws_ptr, sync_ptr, item, s_mid, mma_s)
-        return s_prev, t, ic, ij, inb, ist, ikind
+        return s_prev, t, ic, ij, inb, istart, ikind
+
+    @gluon.jit
+    def _empty_finals(
+        s_lo, s_hi, h, offs_p, offs_n, init_ptr, stride_init_b, stride_init_h,
+        stride_init_p, stride_init_n, final_ptr, final_idx_ptr, stride_final_s,
+        stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
+        layout: gl.constexpr, HAS_INITSTATES: gl.constexpr,
+        FINAL_HAS_INDICES: gl.constexpr,
+    ):  # fmt: skip
+        """Final states of the empty sequences s_lo .. s_hi - 1 (head h):
+        their initial states, or zeros."""
+        for s in range(s_lo, s_hi):
+            v = _seq_init_state(
+                init_ptr, s, h, stride_init_b, stride_init_h, stride_init_p,
+                stride_init_n, offs_p, offs_n, layout, HAS_INITSTATES,
+            )  # fmt: skip
+            _store_final_state(
+                final_ptr, final_idx_ptr, s, h, v, offs_p, offs_n,
+                stride_final_s, stride_final_h, stride_final_p, stride_final_n,
+                stride_final_idx, FINAL_HAS_INDICES,
+            )  # fmt: skip
 
     @gluon.jit
     def _chunk_end_states(
         s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
         stride_inter_h, stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr,
         last_chunk_ptr, stride_final_s, stride_final_h, stride_final_p,
-        stride_final_n, stride_final_idx, WRITE_INTER: gl.constexpr,
+        stride_final_n, stride_final_idx, seq_idx_ptr, n_chunks, batch,
+        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+        layout: gl.constexpr, WRITE_INTER: gl.constexpr,
         WRITE_FINAL: gl.constexpr, FINAL_HAS_INDICES: gl.constexpr,
+        HAS_INITSTATES: gl.constexpr,
     ):  # fmt: skip
         """The state s_run at the end of chunk c (of sequence seq_c) where
         it is asked for: the chunk's intermediate state, and the sequence's
-        final state if c is its last chunk."""
+        final state if c is its last chunk. Empty sequences have no chunks
+        (last_chunk_indices == -1): the last chunk of seq_c also writes the
+        final states of those between seq_c and the next chunk's sequence
+        (the batch's end after the last chunk), chunk 0 those before its
+        sequence."""
         if WRITE_INTER:
             _store_state(
                 inter_ptr + c.to(gl.int64) * stride_inter_c + h * stride_inter_h,
                 s_run, offs_p, offs_n, stride_inter_p, stride_inter_n,
             )  # fmt: skip
-        if WRITE_FINAL:  # noqa: SIM102
+        if WRITE_FINAL:
             if c == gl.load(last_chunk_ptr + seq_c):
                 _store_final_state(
                     final_ptr, final_idx_ptr, seq_c, h, s_run, offs_p, offs_n,
                     stride_final_s, stride_final_h, stride_final_p, stride_final_n,
                     stride_final_idx, FINAL_HAS_INDICES,
+                )  # fmt: skip
+                seq_next = gl.load(
+                    seq_idx_ptr + c + 1, mask=c + 1 < n_chunks, other=batch
+                )
+                _empty_finals(
+                    seq_c + 1, seq_next, h, offs_p, offs_n, init_ptr,
+                    stride_init_b, stride_init_h, stride_init_p, stride_init_n,
+                    final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
+                    stride_final_p, stride_final_n, stride_final_idx, layout,
+                    HAS_INITSTATES, FINAL_HAS_INDICES,
+                )  # fmt: skip
+            if c == 0:
+                _empty_finals(
+                    0, seq_c, h, offs_p, offs_n, init_ptr, stride_init_b,
+                    stride_init_h, stride_init_p, stride_init_n, final_ptr,
+                    final_idx_ptr, stride_final_s, stride_final_h,
+                    stride_final_p, stride_final_n, stride_final_idx, layout,
+                    HAS_INITSTATES, FINAL_HAS_INDICES,
                 )  # fmt: skip
 
     @gluon.jit
@@ -1121,7 +1154,7 @@ if HAS_GLUON:
         released the slot; returns the tile count."""
         NBUF: gl.constexpr = x_s.shape[0]
         for c in range(lo, hi):
-            ist, ilen = _chunk_bounds(cu_chunk_ptr, c)
+            istart, ilen = _chunk_bounds(cu_chunk_ptr, c)
             nblk = gl.cdiv(ilen, _BLOCK_M)
             if kind == 0:
                 nblk = 2 * gl.cdiv(ilen, 2 * _BLOCK_M)
@@ -1130,7 +1163,7 @@ if HAS_GLUON:
                 if t >= NBUF:
                     mbarrier.wait(free.index(s), (t // NBUF - 1) & 1)
                 _issue(
-                    s, ij, ist, kind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
+                    s, ij, istart, kind, x_desc, b_desc, c_desc, x_s, b_s, c_s, ready,
                     xcol, bcol,
                 )  # fmt: skip
                 t += 1
@@ -1170,9 +1203,9 @@ if HAS_GLUON:
         s_run, h, c0, c1, seq_c_prev, pub, item, ws_ptr, sync_ptr, A, dt_bias, t,
         j, n, x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
         fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t, stride_dt_h,
-        dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
-        init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
-        inter_ptr, stride_inter_c, stride_inter_h,
+        dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, n_chunks,
+        batch, init_ptr, stride_init_b, stride_init_h, stride_init_p,
+        stride_init_n, inter_ptr, stride_inter_c, stride_inter_h,
         stride_inter_p, stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
         stride_final_h, stride_final_p, stride_final_n, stride_final_idx,
         NB: gl.constexpr, HAS_DT_BIAS: gl.constexpr, DT_SOFTPLUS: gl.constexpr,
@@ -1198,7 +1231,7 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(c0, c1):
-            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+            cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                 c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
@@ -1214,14 +1247,14 @@ if HAS_GLUON:
             if n >= 2:
                 mbarrier.wait(fac_free.index(fs), (n // 2 - 1) & 1)
             _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_r.index(fs),
+                dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_r.index(fs),
                 cs_r.index(fs), ecs_r.index(fs), dt_r.index(fs), wout_r.index(fs), NB,
                 HAS_DT_BIAS, DT_SOFTPLUS, False, True,
             )  # fmt: skip
             mbarrier.arrive(fac_ready.index(fs))
             wout_rows = _rows(wout_r.index(fs))
             ecs_rows = _rows(ecs_r.index(fs))
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
+            for k in range(gl.cdiv(clength, _BLOCK_M)):
                 # the block's update in flight while its S_run is published
                 s = t % NBUF
                 mbarrier.wait(ready.index(s), (t // NBUF) & 1)
@@ -1246,8 +1279,10 @@ if HAS_GLUON:
                 s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
                 stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
                 final_idx_ptr, last_chunk_ptr, stride_final_s, stride_final_h,
-                stride_final_p, stride_final_n, stride_final_idx, WRITE_INTER,
-                WRITE_FINAL, FINAL_HAS_INDICES,
+                stride_final_p, stride_final_n, stride_final_idx, seq_idx_ptr,
+                n_chunks, batch, init_ptr, stride_init_b, stride_init_h,
+                stride_init_p, stride_init_n, mma_s, WRITE_INTER, WRITE_FINAL,
+                FINAL_HAS_INDICES, HAS_INITSTATES,
             )  # fmt: skip
             seq_c_prev = seq_c
             n += 1
@@ -1277,14 +1312,14 @@ if HAS_GLUON:
         s_acc = gl.zeros([P, N], gl.float32, layout=mma_s)
         dA = 0.0
         for c in range(lo, hi):
-            _, clen = _chunk_bounds(cu_chunk_ptr, c)
+            _, clength = _chunk_bounds(cu_chunk_ptr, c)
             m = c - lo
             fs = m % 2
             mbarrier.wait(hf_ready.index(fs), (m // 2) & 1)
             dA_tot = gl.max(dA_r.index(fs).load(_VEC), axis=0)
             s_acc = s_acc * _exp(dA_tot)
             wst_rows = _rows(wst_r.index(fs))
-            for k2 in range(gl.cdiv(clen, 2 * _BLOCK_M)):
+            for k2 in range(gl.cdiv(clength, 2 * _BLOCK_M)):
                 s0 = t % NBUF
                 s1 = (t + 1) % NBUF
                 mbarrier.wait(ready.index(s0), (t // NBUF) & 1)
@@ -1318,7 +1353,7 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, lo)
         dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
         for c in range(lo, hi):
-            cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+            cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                 c, hi, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h, stride_dt_t,
                 stride_dt_h, NB,
             )  # fmt: skip
@@ -1328,7 +1363,7 @@ if HAS_GLUON:
                 mbarrier.wait(hf_free.index(fs), (m // 2 - 1) & 1)
             w = wst_r.index(fs)
             dA_tot = _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, w, w, w, w, w, NB,
+                dt_raw, clength, A, dt_bias, dt_min, dt_max, w, w, w, w, w, NB,
                 HAS_DT_BIAS, DT_SOFTPLUS, True, False,
             )  # fmt: skip
             dA_r.index(fs).store(gl.full([32], dA_tot, gl.float32, layout=_VEC))
@@ -1341,8 +1376,9 @@ if HAS_GLUON:
         dt_r, cs_r, ecs_r, wout_r, wst_r, dA_r, hf_ready, hf_free, cnt_s, p, ha,
         a0, a1, hb, b1, two, seq_first, cont_in, f, take, pub, A_ptr,
         dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min, dt_max,
-        cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, init_ptr, stride_init_b,
-        stride_init_h, stride_init_p, stride_init_n, ws_ptr, sync_ptr, inter_ptr,
+        cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr, n_chunks, batch, init_ptr,
+        stride_init_b, stride_init_h, stride_init_p, stride_init_n, ws_ptr,
+        sync_ptr, inter_ptr,
         stride_inter_c, stride_inter_h, stride_inter_p, stride_inter_n,
         final_ptr, final_idx_ptr, stride_final_s, stride_final_h,
         stride_final_p, stride_final_n, stride_final_idx, NB: gl.constexpr,
@@ -1381,7 +1417,8 @@ if HAS_GLUON:
                 x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
                 fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t,
                 stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr,
-                last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+                last_chunk_ptr, n_chunks, batch, init_ptr, stride_init_b,
+                stride_init_h,
                 stride_init_p, stride_init_n, inter_ptr, stride_inter_c,
                 stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
                 final_idx_ptr, stride_final_s, stride_final_h, stride_final_p,
@@ -1421,10 +1458,11 @@ if HAS_GLUON:
             t, j, n, x_s, b_s, ready, free, st_ring, st_ready, st_free, fac_ready,
             fac_free, dt_r, cs_r, ecs_r, wout_r, dt_ptr, stride_dt_t,
             stride_dt_h, dt_min, dt_max, cu_chunk_ptr, seq_idx_ptr, last_chunk_ptr,
-            init_ptr, stride_init_b, stride_init_h, stride_init_p, stride_init_n,
-            inter_ptr, stride_inter_c, stride_inter_h, stride_inter_p,
-            stride_inter_n, final_ptr, final_idx_ptr, stride_final_s,
-            stride_final_h, stride_final_p, stride_final_n, stride_final_idx, NB,
+            n_chunks, batch, init_ptr, stride_init_b, stride_init_h,
+            stride_init_p, stride_init_n, inter_ptr, stride_inter_c,
+            stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
+            final_idx_ptr, stride_final_s, stride_final_h, stride_final_p,
+            stride_final_n, stride_final_idx, NB,
             HAS_DT_BIAS, DT_SOFTPLUS, HAS_INITSTATES, WRITE_INTER, WRITE_FINAL,
             FINAL_HAS_INDICES,
         )  # fmt: skip
@@ -1455,18 +1493,18 @@ if HAS_GLUON:
         nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
         for c in range(c0, c1):
             cstart = nstart
-            clen = nlen
+            clength = nlen
             if c + 1 < c1:
                 nstart, nlen = _chunk_bounds(cu_chunk_ptr, c + 1)
             fs = n % 2
             mbarrier.wait(fac_ready.index(fs), (n // 2) & 1)
-            for k in range(gl.cdiv(clen, _BLOCK_M)):
+            for k in range(gl.cdiv(clength, _BLOCK_M)):
                 s = t % NBUF
                 q = j % 2
                 mbarrier.wait(ready.index(s), (t // NBUF) & 1)
                 mbarrier.wait(st_ready.index(q), (j // 2) & 1)
                 _output_block(
-                    0.0, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                    0.0, k, cstart, clength, h, xcol, x_s.index(s), b_s.index(s),
                     c_s.index(s), st_ring.index(q), y_s, out_desc, out_ptr, z_ptr,
                     Dv, _rows(dt_r.index(fs)), _rows(cs_r.index(fs)),
                     _rows(ecs_r.index(fs)), _rows(wout_r.index(fs)), stride_out_t,
@@ -1555,6 +1593,7 @@ if HAS_GLUON:
         dt_min,
         dt_max,
         n_chunks,
+        batch,
         run_chunks,
         n_programs,
         help_cost,
@@ -1595,16 +1634,13 @@ if HAS_GLUON:
         WRITE_INTER: gl.constexpr,
         WRITE_FINAL: gl.constexpr,
         FINAL_HAS_INDICES: gl.constexpr,
-        RUNS: gl.constexpr,
         WS: gl.constexpr,
         WS_NBUF: gl.constexpr,
     ):
-        """The fused prefill on sm_90: RUNS=False, one program per (chunk,
-        head) (state pass, hand-over, output pass); RUNS=True, one program per
-        (run of run_chunks consecutive chunks, head), the state carried
-        across the run's chunks; WS (with RUNS), warp-specialized, one
-        program per range of the heads x chunks (n_programs ranges; see the
-        module docstring)."""
+        """The fused prefill on sm_90: one program per (run of run_chunks
+        consecutive chunks, head), the state carried across the run's chunks;
+        WS, warp-specialized, one program per range of the heads x chunks
+        (n_programs ranges; see the module docstring)."""
         P: gl.constexpr = hdim
         N: gl.constexpr = dstate
         NB: gl.constexpr = CHUNK_SIZE // _BLOCK_M
@@ -1656,7 +1692,8 @@ if HAS_GLUON:
                             two, seq_first, cont_in, f, take, pub, A_ptr,
                             dt_bias_ptr, dt_ptr, stride_dt_t, stride_dt_h, dt_min,
                             dt_max, cu_chunk_ptr, seq_idx_ptr,
-                            last_chunk_ptr, init_ptr, stride_init_b, stride_init_h,
+                            last_chunk_ptr, n_chunks, batch, init_ptr,
+                            stride_init_b, stride_init_h,
                             stride_init_p, stride_init_n, ws_ptr, sync_ptr,
                             inter_ptr, stride_inter_c, stride_inter_h,
                             stride_inter_p, stride_inter_n, final_ptr,
@@ -1678,7 +1715,7 @@ if HAS_GLUON:
                 [4, 4],
                 [WS_STATE_REGS, WS_LOADER_REGS],
             )  # fmt: skip
-        elif RUNS:
+        else:
             # one warpgroup; its work item: run r of head h
             (
                 r, h, g, c0, c1, seq_first, cont_in, seq_last, cont_out, tail,
@@ -1693,24 +1730,24 @@ if HAS_GLUON:
             bcol = g * N
             # the load cursor, at the first row block of its first pass
             ic, ikind = _settle(tail, gl.to_tensor(0), own_hi, help_lo, c0, c1)
-            ist, ilen = _chunk_bounds(cu_chunk_ptr, ic)
+            istart, ilen = _chunk_bounds(cu_chunk_ptr, ic)
             inb = gl.cdiv(ilen, _BLOCK_M)
             ij = 0
             for i in gl.static_range(_NUM_BUFFERS):
                 _issue_run(
-                    i, ij, ist, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
+                    i, ij, istart, ikind, x_desc, b_desc, c_desc, x_s, b_s, c_s, bars,
                     xcol, bcol,
                 )  # fmt: skip
-                ic, ij, inb, ist, ikind = _advance(
-                    ic, ij, inb, ist, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
+                ic, ij, inb, istart, ikind = _advance(
+                    ic, ij, inb, istart, ikind, own_hi, help_lo, c0, c1, cu_chunk_ptr
                 )
             t = 0  # loads consumed
 
             A, dt_bias = _head_params(A_ptr, dt_bias_ptr, h, HAS_DT_BIAS)
             item = r * nheads + h
-            s_prev, t, ic, ij, inb, ist, ikind = _entry_state(
+            s_prev, t, ic, ij, inb, istart, ikind = _entry_state(
                 item, item - nheads, h, c0, c1, seq_first, cont_in, seq_last,
-                cont_out, tail, own_hi, help_lo, t, ic, ij, inb, ist, ikind,
+                cont_out, tail, own_hi, help_lo, t, ic, ij, inb, istart, ikind,
                 cu_chunk_ptr, dt_ptr, stride_dt_t, stride_dt_h, A, dt_bias, dt_min,
                 dt_max, dt_s, cs_s, ecs_s, wst_s, wout_s, x_s, b_s, c_s, bars,
                 x_desc, b_desc, c_desc, xcol, bcol, init_ptr, stride_init_b,
@@ -1735,7 +1772,7 @@ if HAS_GLUON:
             nstart, nlen = _chunk_bounds(cu_chunk_ptr, c0)
             dt_next = _dt_raw(dt_ptr, nstart, nlen, h, stride_dt_t, stride_dt_h, NB)
             for c in range(c0, c1):
-                cstart, clen, dt_raw, nstart, nlen, dt_next = _next_chunk(
+                cstart, clength, dt_raw, nstart, nlen, dt_next = _next_chunk(
                     c, c1, nstart, nlen, dt_next, cu_chunk_ptr, dt_ptr, h,
                     stride_dt_t, stride_dt_h, NB,
                 )  # fmt: skip
@@ -1749,27 +1786,27 @@ if HAS_GLUON:
                     st_s.store(s_run.to(st_s.dtype))
                     fence_async_shared()
                 _chunk_factors(
-                    dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
+                    dt_raw, clength, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s,
                     wst_s, wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, False, True,
                 )  # fmt: skip
-                for k in range(gl.cdiv(clen, _BLOCK_M)):
+                for k in range(gl.cdiv(clength, _BLOCK_M)):
                     s = t % _NUM_BUFFERS
                     mbarrier.wait(bars.index(s), (t // _NUM_BUFFERS) & 1)
                     s_run = _output_block(
-                        s_run, k, cstart, clen, h, xcol, x_s.index(s), b_s.index(s),
+                        s_run, k, cstart, clength, h, xcol, x_s.index(s), b_s.index(s),
                         c_s.index(s), st_s, y_s, out_desc, out_ptr, z_ptr, Dv,
                         _rows(dt_s), _rows(cs_s), _rows(ecs_s), _rows(wout_s),
                         stride_out_t, stride_out_h, stride_out_p, stride_z_t,
                         stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
                     )  # fmt: skip
                     _issue_run(
-                        s, ij, ist, ikind, x_desc, b_desc, c_desc,
+                        s, ij, istart, ikind, x_desc, b_desc, c_desc,
                         x_s, b_s, c_s, bars, xcol, bcol,
                     )  # fmt: skip
                     # (the cursor is past the state passes here: own_hi and
                     # help_lo need not stay live)
-                    ic, ij, inb, ist, ikind = _advance(
-                        ic, ij, inb, ist, ikind, c0, c0, c0, c1, cu_chunk_ptr
+                    ic, ij, inb, istart, ikind = _advance(
+                        ic, ij, inb, istart, ikind, c0, c0, c0, c1, cu_chunk_ptr
                     )
                     t += 1
                 # s_run is now the state at the chunk's end
@@ -1777,123 +1814,12 @@ if HAS_GLUON:
                     s_run, c, seq_c, h, offs_p, offs_n, inter_ptr, stride_inter_c,
                     stride_inter_h, stride_inter_p, stride_inter_n, final_ptr,
                     final_idx_ptr, last_chunk_ptr, stride_final_s, stride_final_h,
-                    stride_final_p, stride_final_n, stride_final_idx, WRITE_INTER,
-                    WRITE_FINAL, FINAL_HAS_INDICES,
+                    stride_final_p, stride_final_n, stride_final_idx, seq_idx_ptr,
+                    n_chunks, batch, init_ptr, stride_init_b, stride_init_h,
+                    stride_init_p, stride_init_n, mma_s, WRITE_INTER, WRITE_FINAL,
+                    FINAL_HAS_INDICES, HAS_INITSTATES,
                 )  # fmt: skip
                 seq_c_prev = seq_c
-        else:
-            # Ticket and work item, as in ssd_fused._ssd_fused_varlen_kernel.
-            ticket = gl.atomic_add(sync_ptr, 1, sem="relaxed").to(gl.int64)
-            c = ticket // nheads
-            h = ticket % nheads
-            g = h // heads_per_group
-
-            chunk_start = gl.load(cu_chunk_ptr + c)
-            clen = gl.load(cu_chunk_ptr + c + 1) - chunk_start
-            seq = gl.load(seq_idx_ptr + c)
-            seq_prev = gl.load(seq_idx_ptr + c - 1, mask=c > 0, other=-1)
-            is_first = seq != seq_prev
-            is_last = c == gl.load(last_chunk_ptr + seq)
-            nblk = gl.cdiv(clen, _BLOCK_M)
-
-            x_s, b_s, c_s, st_s, y_s, bars, dt_s, cs_s, ecs_s, wst_s, wout_s = (
-                _allocate(x_desc, b_desc, c_desc, out_desc, STATE_SMEM_LAYOUT, NB)
-            )
-            xcol = (h * P).to(gl.int32)
-            bcol = (g * N).to(gl.int32)
-            # loads 0 .. nblk - 1: the state pass's row blocks (x, B); then the
-            # output pass's (x, B, C), requested two ahead across both passes
-            for i in gl.static_range(_NUM_BUFFERS):
-                kind = i // nblk
-                _issue(
-                    i, i - kind * nblk, chunk_start, kind, x_desc, b_desc, c_desc,
-                    x_s, b_s, c_s, bars, xcol, bcol,
-                )  # fmt: skip
-
-            # ---- A: dt of the chunk (once) and every per-row factor ----------
-            A = gl.load(A_ptr + h).to(gl.float32)
-            if HAS_DT_BIAS:  # noqa: SIM108
-                dt_bias = gl.load(dt_bias_ptr + h).to(gl.float32)
-            else:
-                dt_bias = 0.0
-            dt_raw = _dt_raw(dt_ptr, chunk_start, clen, h, stride_dt_t, stride_dt_h, NB)
-            dA_tot = _chunk_factors(
-                dt_raw, clen, A, dt_bias, dt_min, dt_max, dt_s, cs_s, ecs_s, wst_s,
-                wout_s, NB, HAS_DT_BIAS, DT_SOFTPLUS, True, True,
-            )  # fmt: skip
-            wst_rows = _rows(wst_s)
-
-            # ---- B: chunk-local state, one row block at a time ---------------
-            s_loc = gl.zeros([P, N], gl.float32, layout=mma_s)
-            for k in range(nblk):
-                s = k % _NUM_BUFFERS
-                mbarrier.wait(bars.index(s), (k // _NUM_BUFFERS) & 1)
-                s_loc = _state_block(
-                    s_loc, wst_rows.index(k), x_s.index(s), b_s.index(s)
-                )
-                _cta_barrier()  # every warp is done with slot s
-                idx = k + _NUM_BUFFERS
-                kind = idx // nblk
-                _issue(
-                    idx % _NUM_BUFFERS, idx - kind * nblk, chunk_start, kind,
-                    x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol, bcol,
-                )  # fmt: skip
-
-            # ---- C: state passing (see ssd_fused for the memory ordering) ----
-            offs_p = gl.arange(0, P, layout=gl.SliceLayout(1, mma_s))
-            offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma_s))
-            if is_first:
-                s_prev = _seq_init_state(
-                    init_ptr, seq, h, stride_init_b, stride_init_h, stride_init_p,
-                    stride_init_n, offs_p, offs_n, mma_s, HAS_INITSTATES,
-                )  # fmt: skip
-            else:
-                s_prev = _take_state(
-                    ws_ptr, sync_ptr, (c - 1) * nheads + h, P, N, mma_s
-                )
-
-            s_end = _exp(dA_tot) * s_prev + s_loc
-            if is_last:
-                if WRITE_FINAL:
-                    _store_final_state(
-                        final_ptr, final_idx_ptr, seq, h, s_end, offs_p, offs_n,
-                        stride_final_s, stride_final_h, stride_final_p,
-                        stride_final_n, stride_final_idx, FINAL_HAS_INDICES,
-                    )  # fmt: skip
-            else:
-                _hand_over(ws_ptr, sync_ptr, c * nheads + h, s_end, mma_s)
-            _sync_done(sync_ptr)
-            if WRITE_INTER:
-                _store_state(
-                    inter_ptr + c * stride_inter_c + h * stride_inter_h,
-                    s_end, offs_p, offs_n, stride_inter_p, stride_inter_n,
-                )  # fmt: skip
-
-            # ---- D: outputs, BLOCK_M rows at a time ----------------------------
-            Dv = _load_D(
-                D_ptr, h, stride_D_h, P, gl.SliceLayout(0, mma_o), HAS_D, D_HAS_HDIM
-            )
-            s_run = s_prev
-            st_s.store(s_run.to(st_s.dtype))
-            fence_async_shared()
-            _cta_barrier()
-            for k in range(nblk):
-                idx = nblk + k
-                s = idx % _NUM_BUFFERS
-                mbarrier.wait(bars.index(s), (idx // _NUM_BUFFERS) & 1)
-                s_run = _output_block(
-                    s_run, k, chunk_start, clen, h, xcol, x_s.index(s), b_s.index(s),
-                    c_s.index(s), st_s, y_s, out_desc, out_ptr, z_ptr, Dv,
-                    _rows(dt_s), _rows(cs_s), _rows(ecs_s), _rows(wout_s),
-                    stride_out_t, stride_out_h, stride_out_p, stride_z_t,
-                    stride_z_h, stride_z_p, HAS_D, D_HAS_HDIM, HAS_Z,
-                )  # fmt: skip
-                idx += _NUM_BUFFERS
-                kind = idx // nblk
-                _issue(
-                    idx % _NUM_BUFFERS, idx - kind * nblk, chunk_start, kind,
-                    x_desc, b_desc, c_desc, x_s, b_s, c_s, bars, xcol, bcol,
-                )  # fmt: skip
         # all: the last output store has left y_s
         tma.store_wait(0)
         if not WS:
@@ -1917,11 +1843,9 @@ def ws_fills(nheads: int, sms: int) -> bool:
 
 
 def warp_specialized(nheads: int, device_index: int | None) -> bool:
-    """Whether the run kernel runs on three warpgroups (WARP_SPECIALIZE, or
-    by default where ws_fills or there are at least WS_MIN_HEADS heads per
+    """The launcher's default: whether the run kernel runs on three
+    warpgroups (where ws_fills or there are at least WS_MIN_HEADS heads per
     SM) for nheads heads on the GPU device_index."""
-    if WARP_SPECIALIZE is not None:
-        return WARP_SPECIALIZE
     sms = _num_sms(device_index)
     return ws_fills(nheads, sms) or nheads >= WS_MIN_HEADS * sms
 
@@ -1987,27 +1911,30 @@ def launch(
     final: torch.Tensor | None,
     final_state_indices: torch.Tensor | None,
     write_final: bool,
+    config: LaunchConfig = DEFAULT_CONFIG,
 ) -> None:
     """Launch the run kernel (warp-specialized: ``ws_programs`` ranges; on
-    one warpgroup: ``run_length`` runs; RUN_CHUNKS = 0: the chunk-program
-    kernel); argument checks and the state outputs (and D with a unit last
+    one warpgroup: ``run_length`` runs; ``config`` overrides the plan);
+    argument checks and the state outputs (and D with a unit last
     stride) are ``ssd_fused._mamba_chunk_scan_fused_fwd``'s. It takes
     what the hand-overs need from ssd_fused_launch (kept per stream): one
-    fp32 (P, N) state per work item (a run, a range or, for the
-    chunk-program kernel, a chunk of a head) and the flag buffer."""
+    fp32 (P, N) state per work item (a run or a range) and the flag
+    buffer."""
     seqlen, nheads, headdim = x.shape
     _, ngroups, dstate = B.shape
     n_chunks = cu_chunk_seqlens.shape[0] - 1
-    run = RUN_CHUNKS
-    specialize = run != 0 and warp_specialized(nheads, x.device.index)
+    run = config.run_chunks
+    specialize = config.warp_specialize
+    if specialize is None:
+        specialize = warp_specialized(nheads, x.device.index)
     if specialize:
         n_items = ws_programs(n_chunks, nheads, run, x.device.index)
-        run = -(-n_chunks * nheads // n_items)  # (RUNS; unused by WS)
+        run = -(-n_chunks * nheads // n_items)  # (unused by WS)
     else:
         if run is None:
             slots = RUN_SLOTS_PER_SM * _num_sms(x.device.index)
             run = run_length(n_chunks, nheads, slots)
-        n_items = (-(-n_chunks // run) if run > 0 else n_chunks) * nheads
+        n_items = -(-n_chunks // run) * nheads
     ws, sync = ssd_fused_launch.scratch(x.device, n_items * headdim * dstate, n_items)
     row_layout, bc_layout, _ = _smem_layouts(headdim, dstate)
 
@@ -2025,8 +1952,9 @@ def launch(
         rows_desc(out, headdim, row_layout),
         dt, A, D, z, dt_bias, out, initial_states, ws, sync, inter, final,
         final_state_indices, cu_chunk_seqlens, seq_idx, last_chunk_indices,
-        float(dt_limit[0]), float(dt_limit[1]), n_chunks, run, n_items,
-        WS_HELP_COST, nheads, headdim, dstate, nheads // ngroups,
+        float(dt_limit[0]), float(dt_limit[1]), n_chunks,
+        last_chunk_indices.shape[0], run, n_items,
+        float(config.help_cost), nheads, headdim, dstate, nheads // ngroups,
         *dt.stride(),
         D.stride(0) if D is not None else 0,
         *_strides(z, 3), *out.stride(),
@@ -2042,7 +1970,6 @@ def launch(
         dstate,
         chunk_size,
         flags,
-        run > 0,
         specialize,
         WS_NUM_BUFFERS[specialize and n_items > nheads],
     )
@@ -2055,7 +1982,6 @@ def _meta(
     dstate: int,
     chunk_size: int,
     flags: tuple,
-    runs: bool,
     ws: bool,
     ws_nbuf: int,
 ) -> ssd_fused_launch.Meta:
@@ -2065,7 +1991,6 @@ def _meta(
         STATE_SMEM_LAYOUT=_smem_layouts(headdim, dstate)[2],
         CHUNK_SIZE=chunk_size,
         **dict(zip(ssd_fused_launch.FLAG_NAMES, flags)),
-        RUNS=runs,
         WS=ws,
         WS_NBUF=ws_nbuf,
         num_warps=4,
