@@ -299,7 +299,8 @@ def validate(result: Any) -> list[str]:
         types = SCHEMA.get(key, SCHEMA_OPTIONAL.get(key))
         if types is None:
             problems.append(
-                f"field '{key}': not in the schema (add it to SCHEMA_OPTIONAL or put it under 'notes')"
+                f"field '{key}': not in the schema "
+                "(add it to SCHEMA_OPTIONAL or put it under 'notes')"
             )
         elif (p := _type_problem(key, value, types)) is not None:
             problems.append(p)
