@@ -532,7 +532,8 @@ def e2e(r: Result) -> Section:
 
 
 def generic(r: Result) -> Section:
-    return Section(f"{len(r.rows)} rows", common.table_lines(r.data, markdown=True))
+    n = len(r.rows)
+    return Section(f"{n} row{'s' if n != 1 else ''}", common.table_lines(r.data, markdown=True))
 
 
 BENCHES: dict[str, Callable[[Result], Section]] = {
