@@ -237,7 +237,32 @@ def test_png_is_deterministic(tmp_path: Path):
     spec = secs[0][1].plots[0]
     report.render(spec, tmp_path / "a.png")
     report.render(spec, tmp_path / "b.png")
-    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    png = (tmp_path / "a.png").read_bytes()
+    assert png == (tmp_path / "b.png").read_bytes()
+    assert b"Software" not in png and b"atplotlib" not in png  # no version in the metadata
+
+
+def test_drawn_figures_have_titles_labels_legends_and_log_x():
+    import matplotlib.pyplot as plt
+
+    results = [report.Result(Path("results") / k, v) for k, v in synthetic().items()]
+    for r, s in report.sections(results):
+        for spec in s.plots:
+            fig = report.draw(spec)
+            try:
+                assert fig._suptitle.get_text() == spec["title"]
+                axes = [ax for ax in fig.axes if ax.get_visible()]
+                assert len(axes) == len(spec["panels"])
+                for ax, p in zip(axes, spec["panels"]):
+                    assert (ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) == (
+                        p["title"],
+                        p["xlabel"],
+                        p["ylabel"],
+                    )
+                    assert ax.get_xscale() == ("log" if p.get("logx") else "linear")
+                    assert ax.get_legend() is not None or fig.legends, r.bench
+            finally:
+                plt.close(fig)
 
 
 # ------------------------------------------------------------------ --check

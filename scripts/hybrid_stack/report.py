@@ -9,7 +9,7 @@ plotted benchmark beside it, and the README's results section between
 
 Each plot is first a plain-data spec (titles, axes, series); ``render``
 draws a spec with matplotlib (Agg). report.md carries, under each plot, the
-sha256 of its spec and of ``render``'s source, so ``--check`` compares text
+sha256 of its spec and of ``draw``'s and ``render``'s source, so ``--check`` compares text
 only: the README section, report.md and the list of PNG files. That holds on
 any machine, whatever its matplotlib and fonts draw; the PNG bytes are not
 compared.
@@ -161,9 +161,8 @@ def line_panel(title: str, xlabel: str, ylabel: str, series: list[dict], **kw: A
     }
 
 
-def render(spec: dict[str, Any], path: Path) -> None:
-    """Draw one plot spec into a PNG (Agg backend, no timestamp or version in
-    the file's metadata)."""
+def draw(spec: dict[str, Any]) -> Any:
+    """One plot spec as a matplotlib Figure (Agg backend); the caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,12 +236,21 @@ def render(spec: dict[str, Any], path: Path) -> None:
             )
             top -= 0.35 * inch
         fig.tight_layout(rect=(0, 0, 1, top))
-        fig.savefig(path, dpi=100, metadata={"Software": None})
-        plt.close(fig)
+    return fig
+
+
+def render(spec: dict[str, Any], path: Path) -> None:
+    """Draw one plot spec into a PNG, with no matplotlib version in its metadata
+    (Agg writes no timestamp), so the same spec gives the same bytes."""
+    import matplotlib.pyplot as plt
+
+    fig = draw(spec)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
 
 
 def spec_hash(spec: dict[str, Any]) -> str:
-    text = json.dumps(spec, sort_keys=True) + inspect.getsource(render)
+    text = json.dumps(spec, sort_keys=True) + inspect.getsource(draw) + inspect.getsource(render)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
