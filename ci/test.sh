@@ -41,6 +41,7 @@ rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "tooling tests: pytest collected no tests" >&2; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
+hybrid-stack report --check
 
 step "sm_90 compile check (no GPU: registers, spills, shared memory)"
 hybrid-stack kernel-stats --arch 90

@@ -28,6 +28,7 @@ VERBS = (
     "rebase",
     "rangediff",
     "prstack",
+    "report",
 )
 
 

@@ -53,7 +53,7 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 # read or moved while its wgmma may be in flight, too few registers): the
 # kernel still runs, correctly and much slower (a serialized variant of the
 # fused SSD kernel's sm_90 form measured 0.73-0.79x of the committed kernel,
-# results/ssd_fused_probe-h200.md), so the probe fails such a case unless
+# patches/mamba2-ssd-fused-prefill.notes.md), so the probe fails such a case unless
 # WGMMA_SERIAL_OK names it, with the reason.
 _PTXAS_WGMMA = re.compile(
     r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions"

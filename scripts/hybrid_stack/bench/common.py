@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the stack's GPU benchmarks: timing, device facts, results.
 
-Every benchmark writes ONE JSON schema (``make_result``)::
+Every benchmark writes ONE JSON schema (``make_result``), defined exactly by
+``SCHEMA`` / ``ROW_SCHEMA`` below and checked by ``validate``::
 
     {"bench": str, "gpu": str, "torch": str, "triton": str, "vllm_base": str,
-     "command": str, "rows": [row, ...], ...extra top-level facts}
+     "command": str, "rows": [row, ...], ...optional keys of SCHEMA_OPTIONAL}
 
     row = {"case": {...}, "metric": str,   # e.g. "tok_per_s", "pct_of_d2d"
            "baseline": float,              # upstream kernel's value
@@ -33,8 +34,50 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-SCHEMA_KEYS = ("bench", "gpu", "torch", "triton", "vllm_base", "command", "rows")
-ROW_KEYS = ("case", "metric", "baseline", "value", "ratio", "baseline_ms", "value_ms")
+# The one results schema: key -> allowed types (None: JSON null). A result has
+# every key of SCHEMA, may have those of SCHEMA_OPTIONAL and nothing else, so a
+# new top-level fact is added here first (or goes under "notes").
+_NUM = (int, float)
+SCHEMA: dict[str, tuple[type | None, ...]] = {
+    "bench": (str,),  # benchmark name: results/<bench>-<gpu>.json (CPU: <bench>.json)
+    "gpu": (str,),  # gpu_slug() of the device; "cpu" for CPU-only benchmarks
+    "torch": (str,),
+    "triton": (str, None),  # None: Triton not installed (CPU benchmarks)
+    "vllm_base": (str,),
+    "command": (str,),  # the command that regenerates the file
+    "rows": (list,),  # non-empty list of rows (ROW_SCHEMA)
+}
+SCHEMA_OPTIONAL: dict[str, tuple[type | None, ...]] = {
+    "gpu_name": (str,),
+    "cuda": (str,),
+    "created": (str,),  # UTC, ISO 8601
+    "timing": (str,),  # how the *_ms were measured
+    "legend": (str,),  # what baseline / value / ratio mean, when not LEGEND
+    "stack_kernel": (str, None),  # the stack's kernel measured as value, if any
+    "entry": (str,),  # series entry the result belongs to (pr-stack bodies)
+    "entries": (list,),
+    "notes": (dict, list),  # {name: text} (benchmarks) or [text] (e2e harness --note)
+    "d2d_gbps": _NUM,  # state_copy: the device-to-device copy it is a % of
+    "d2d_ms": _NUM,
+    "settings": (dict,),  # e2e: engine settings
+    "failures": (list,),  # e2e: engines that failed
+    "compiled_ops_called": (dict,),  # e2e: model -> {op: calls}
+    "shared_gpu": (list,),  # e2e: models whose engine shared the GPU
+}
+ROW_SCHEMA: dict[str, tuple[type | None, ...]] = {
+    "case": (dict,),
+    "metric": (str,),
+    # null: nothing to measure (hitrate: the mode cannot hold one request in the
+    # budget; ratio: baseline 0)
+    "baseline": (*_NUM, None),
+    "value": (*_NUM, None),
+    "ratio": (*_NUM, None),
+}
+# Kernel benchmarks carry their median times; CPU simulations (gpu "cpu", e.g.
+# the prefix-cache hit-rate benchmark) time nothing. Other row keys are free.
+ROW_TIMED: dict[str, tuple[type | None, ...]] = {"baseline_ms": _NUM, "value_ms": _NUM}
+SCHEMA_KEYS = tuple(SCHEMA)
+ROW_KEYS = (*ROW_SCHEMA, *ROW_TIMED)
 # Set by the bundle runner so a result names the command a person typed.
 COMMAND_ENV = "HYBRID_STACK_BENCH_COMMAND"
 L2_FLUSH_BYTES = 256 << 20
@@ -235,16 +278,47 @@ def make_result(bench: str, rows: list[dict[str, Any]], **extra: Any) -> dict[st
     return result
 
 
-def validate(result: dict[str, Any]) -> list[str]:
-    """Schema problems of a result (empty when it conforms)."""
-    problems = [f"missing top-level key '{k}'" for k in SCHEMA_KEYS if k not in result]
-    # Kernel benchmarks carry their median times; CPU simulations (gpu "cpu",
-    # e.g. the prefix-cache hit-rate benchmark) time nothing.
-    keys = ROW_KEYS if result.get("gpu") != "cpu" else ROW_KEYS[:5]
-    for i, row in enumerate(result.get("rows", [])):
-        problems += [f"row {i}: missing '{k}'" for k in keys if k not in row]
-        if not isinstance(row.get("case"), dict):
-            problems.append(f"row {i}: 'case' must be a dict")
+def _type_problem(field: str, value: Any, types: tuple[type | None, ...]) -> str | None:
+    if value is None and None in types:
+        return None
+    real = [ty for ty in types if ty is not None]
+    if isinstance(value, bool) and bool not in real:  # JSON true is not a number
+        real = []
+    if isinstance(value, tuple(real)):
+        return None
+    names = " or ".join("null" if ty is None else ty.__name__ for ty in types)
+    return f"field '{field}': expected {names}, got {type(value).__name__}"
+
+
+def validate(result: Any) -> list[str]:
+    """Schema problems of a result, each naming its field (empty when it conforms)."""
+    if not isinstance(result, dict):
+        return [f"top level: expected an object, got {type(result).__name__}"]
+    problems = [f"field '{k}': missing" for k in SCHEMA if k not in result]
+    for key, value in result.items():
+        types = SCHEMA.get(key, SCHEMA_OPTIONAL.get(key))
+        if types is None:
+            problems.append(
+                f"field '{key}': not in the schema "
+                "(add it to SCHEMA_OPTIONAL or put it under 'notes')"
+            )
+        elif (p := _type_problem(key, value, types)) is not None:
+            problems.append(p)
+    rows = result.get("rows")
+    if isinstance(rows, list) and not rows:
+        problems.append("field 'rows': empty")
+    row_schema = dict(ROW_SCHEMA)
+    if result.get("gpu") != "cpu":
+        row_schema.update(ROW_TIMED)
+    for i, row in enumerate(rows if isinstance(rows, list) else []):
+        if not isinstance(row, dict):
+            problems.append(f"field 'rows[{i}]': expected dict, got {type(row).__name__}")
+            continue
+        for key, types in row_schema.items():
+            if key not in row:
+                problems.append(f"field 'rows[{i}].{key}': missing")
+            elif (p := _type_problem(f"rows[{i}].{key}", row[key], types)) is not None:
+                problems.append(p)
     return problems
 
 
