@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hybrid_stack.errors import StackError
@@ -256,12 +256,33 @@ def parse_entry(path: Path, i: int, raw: object) -> Entry:
     )
 
 
+def description_path(series: Path, name: str) -> Path:
+    """patches/<name>.md: an entry's description (its commit message body and PR
+    body), kept beside its patch so series.toml holds metadata only."""
+    return series.parent / f"{name}.md"
+
+
+def with_description(series: Path, entry: Entry) -> Entry:
+    md = description_path(series, entry.name)
+    if not md.is_file():
+        return entry
+    if entry.description:
+        raise StackError(
+            f"{series.name}: entry '{entry.name}' has a description both in the series "
+            f"and in {md.name}: keep one (the .md file)"
+        )
+    return replace(entry, description=md.read_text())
+
+
 def load_series(path: Path) -> list[Entry]:
     data = _load_toml(path)
     unknown = set(data) - {"entry"}
     if unknown:
         raise StackError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
-    entries = [parse_entry(path, i, raw) for i, raw in enumerate(data.get("entry", []))]
+    entries = [
+        with_description(path, parse_entry(path, i, raw))
+        for i, raw in enumerate(data.get("entry", []))
+    ]
     seen: dict[str, str] = {}
     for e in entries:
         if e.name in seen:
