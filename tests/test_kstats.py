@@ -114,10 +114,16 @@ needs_venv = pytest.mark.skipif(
 @pytest.mark.venv
 @needs_venv
 def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
-    out = tmp_path / "ks.json"
-    p = _cli("--json", str(out))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    data = json.loads(out.read_text())
+    # CI ran `kernel-stats --arch 90 --json FILE` just before (and failed if
+    # it failed): check its result rather than compile the same kernels again
+    given = os.environ.get("HYBRID_STACK_KSTATS_SM90_JSON")
+    if given:
+        data = json.loads(Path(given).read_text())
+    else:
+        out = tmp_path / "ks.json"
+        p = _cli("--json", str(out))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        data = json.loads(out.read_text())
     assert data["arch"] == 90
     rows = data["rows"]
     assert not any("error" in r for r in rows)
@@ -145,7 +151,6 @@ def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
         assert skip["group"] == "_ssd_fused_sm90_cases"
         assert "needs Triton 3.6/3.8" in skip["skipped"]
         assert "--triton 3.6.0" in skip["skipped"]
-        assert "1 group(s) skipped" in p.stdout
 
 
 @pytest.mark.venv

@@ -31,6 +31,9 @@ ISOLATION = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": os.devnull,
     "GIT_TERMINAL_PROMPT": "0",
+    # read-only commands (status) take no lock: a tool killed during one
+    # leaves no index.lock behind
+    "GIT_OPTIONAL_LOCKS": "0",
     "LC_ALL": "C",
 }
 # Options for every exported patch: no hashes, no stat, no signature, stable
