@@ -243,3 +243,13 @@ def test_export_is_the_same_whatever_the_users_git_config(toy: Toy, tmp_path, mo
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))
     assert toy.cli("export", "--force") == 0
     assert toy.snapshot() == clean
+
+
+def test_a_wrong_option_prints_the_verbs_usage(toy: Toy, capsys):
+    """Mutation: unknown options reported with the top-level usage."""
+    with pytest.raises(SystemExit) as e:
+        toy.cli("apply", "--frobnicate")
+    assert e.value.code == 2
+    msg = err(capsys)
+    assert msg.startswith("usage: hybrid-stack apply [-h] [--work WORK]")
+    assert msg.endswith("hybrid-stack apply: error: unrecognized arguments: --frobnicate")

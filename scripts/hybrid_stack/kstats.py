@@ -28,7 +28,7 @@ from pathlib import Path
 from hybrid_stack import kstats_probe
 from hybrid_stack.errors import StackError
 from hybrid_stack.stack import load_stack
-from hybrid_stack.testcmd import _check_venv, test_env, venv_and_tree
+from hybrid_stack.venvs import check_venv, test_env, venv_and_tree
 
 PROBE = Path(kstats_probe.__file__)
 
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         raise StackError(f"not carried by the series: {', '.join(not_carried)}")
     if not wanted:
         raise StackError("no carried entry has kernel cases")
-    venv, tree = venv_and_tree(stack, args)
-    py = _check_venv(stack, venv, tree)
+    venv, tree = venv_and_tree(stack, args.venv, args.tree)
+    py = check_venv(stack, venv, tree)
     out = (args.json or stack.root / "work" / f"kernel-stats-sm{args.arch}.json").absolute()
     argv = [str(py), str(PROBE), "--arch", str(args.arch), "--json", str(out)]
     for name in wanted:

@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_stack import tomlfile
 from hybrid_stack.errors import StackError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 STATUSES = ("carried", "upstreamed", "dropped")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
@@ -165,13 +160,7 @@ def find_root(start: Path | None = None) -> Path:
 
 
 def _load_toml(path: Path) -> dict:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise StackError(f"{path} is missing") from None
-    except tomllib.TOMLDecodeError as e:
-        raise StackError(f"{path} is not valid TOML: {e}") from None
+    return tomlfile.load(path)
 
 
 def _artifact(where: str, data: object) -> Artifact:

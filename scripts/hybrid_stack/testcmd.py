@@ -37,7 +37,6 @@ import queue
 import re
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,13 +48,17 @@ from hybrid_stack import hfcache
 from hybrid_stack.errors import StackError
 from hybrid_stack.proc import tee
 from hybrid_stack.stack import Stack, load_stack
+from hybrid_stack.tomlfile import load as load_toml
+from hybrid_stack.venvs import (  # noqa: F401 - PLUGIN_DIR, test_env: old home
+    PLUGIN_DIR,
+    check_venv,
+    test_env,
+    venv_and_tree,
+)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+# old names (kernel-stats imported them from here)
+_check_venv = check_venv
 
-PLUGIN_DIR = Path(__file__).parent / "data" / "pytest_plugins"
 PLUGIN = "hybridstack_triton_interp"
 DEFAULT_CONFIG = Path("ci") / "cpu-suite.toml"
 INTERPRET_PREFIX = "interpret:"
@@ -120,15 +123,7 @@ def _where(path: Path, what: str) -> str:
 
 def load_config(path: Path) -> Config:
     """Parse ci/cpu-suite.toml (suites, defaults, the deselect list)."""
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise StackError(
-            f"{path} is missing: restore it from git (it lists the CPU suite)"
-        ) from None
-    except tomllib.TOMLDecodeError as e:
-        raise StackError(f"{path} is not valid TOML: {e}") from None
+    data = load_toml(path, missing="restore it from git (it lists the CPU suite)")
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise StackError(_where(path, f"unknown top-level key(s) {sorted(unknown)}"))
@@ -244,39 +239,6 @@ def plan(stack: Stack, config: Config) -> list[Suite]:
 
 
 # -------------------------------------------------------------- the environment
-
-
-def test_env(
-    base: dict[str, str], hf_home: Path, *, interpret: bool, native: bool = False
-) -> dict[str, str]:
-    """The environment of one pytest process.
-
-    Inherited VLLM_* and TRITON_* variables are dropped: a developer's shell
-    must not change results, and tests leak such variables between files.
-    """
-    env = {
-        k: v
-        for k, v in base.items()
-        if not k.startswith(("VLLM_", "TRITON_")) and k != "PYTHONPATH"
-    }
-    env.update(hfcache.offline_env(hf_home))
-    # vLLM's own cache (model-class inspection results, keyed by module hash)
-    # beside the HF fixtures, not the user's ~/.cache/vllm: a stale entry
-    # there could hide an import failure.
-    env["VLLM_CACHE_ROOT"] = str(hf_home.parent / "vllm-cache")
-    env["VLLM_TARGET_DEVICE"] = "cpu"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env["VLLM_TRITON_FORCE_FIRST_CONFIG"] = "1"
-        env["PYTHONPATH"] = str(PLUGIN_DIR)
-    elif native:
-        # With no GPU driver active vLLM swaps its placeholder module in for
-        # triton, unless CUDA_VISIBLE_DEVICES is set and empty (as in a Ray
-        # actor): then the real Triton stays, JIT objects and all.
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
 
 
 def pytest_argv(
@@ -478,40 +440,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def venv_and_tree(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path]:
-    """--venv and --tree with their defaults (work/venv, the work tree)."""
-    venv = (args.venv or stack.root / "work" / "venv").absolute()
-    tree = (args.tree or stack.default_work).absolute()
-    return venv, tree
-
-
 def _paths(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    venv, tree = venv_and_tree(stack, args)
+    venv, tree = venv_and_tree(stack, args.venv, args.tree)
     config = (args.config or stack.root / DEFAULT_CONFIG).absolute()
     return venv, tree, config
-
-
-def _check_venv(stack: Stack, venv: Path, tree: Path) -> Path:
-    py = venv / "bin" / "python"
-    if not py.exists():
-        raise StackError(f"no venv at {venv}: run 'hybrid-stack build' first")
-    if not (tree / "tests" / "conftest.py").is_file():
-        raise StackError(f"{tree} has no tests/conftest.py: run 'hybrid-stack apply' (or --tree)")
-    from hybrid_stack import build
-
-    built = build.read_stamp(venv).get("editable", {})
-    if built.get("tree") != str(tree):
-        raise StackError(
-            f"the venv {venv} has no editable install of {tree}: run "
-            f"'hybrid-stack build --venv {venv} --tree {tree}'"
-        )
-    if built.get("version") != build.tree_version(stack, tree):
-        print(
-            f"note: the venv was built at {built.get('version')}; the tree has moved on "
-            "(sources are live, only the version string is stale: 'hybrid-stack build' "
-            "refreshes it)"
-        )
-    return py
 
 
 _print_lock = threading.Lock()
@@ -616,7 +548,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_deselects(config.deselects, suites))
         return 0
 
-    py = _check_venv(stack, venv, tree)
+    py = check_venv(stack, venv, tree)
     hf_home = stack.root / "work" / "hf-home"
     hfcache.materialize(hf_home)
     log_dir = stack.root / "work" / "test-logs"
