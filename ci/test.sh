@@ -33,8 +33,8 @@ step "build (lean profile)"
 hybrid-stack build --profile lean
 
 step "lint (ruff)"
-ruff check scripts tests
-ruff format --check scripts tests
+ruff check scripts tests ci/kernel-cases
+ruff format --check scripts tests ci/kernel-cases
 ruff check --config ci/ruff-vllm.toml overlay
 ruff format --check --config ci/ruff-vllm.toml overlay
 
