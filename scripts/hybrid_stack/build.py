@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_stack.errors import StackError
-from hybrid_stack.proc import tee
+from hybrid_stack.proc import crash_point, die_with_parent, tee, write_atomic
 from hybrid_stack.stack import Stack, load_stack
 from hybrid_stack.venvs import (  # noqa: F401 - read_stamp, tree_version, default_venv: old home
     STAMP_NAME,
@@ -51,6 +51,8 @@ from hybrid_stack.venvs import (  # noqa: F401 - read_stamp, tree_version, defau
 
 PROFILES = ("lean", "full")
 LOG_NAME = "hybrid-stack-build.log"
+# in the venv while build creates it: a later build finding it starts afresh
+CREATING = ".hybrid-stack-creating"
 STAMP_FORMAT = 1
 
 # The lean profile's torch: the CPU build of the newest torch this project's
@@ -214,7 +216,7 @@ def dependency_key(
 
 
 def write_stamp(venv: Path, data: dict) -> None:
-    (venv / STAMP_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_atomic(venv / STAMP_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------- version
@@ -514,15 +516,27 @@ def build(
         )
     t_start = time.monotonic()
     py = venv_python(venv)
+    creating = venv / CREATING
+    if creating.exists():  # a build killed while it created the venv
+        print(f"removing the half-made venv {venv}", flush=True)
+        shutil.rmtree(venv)
     if not py.exists():
         print(f"creating venv {venv} ({python})", flush=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+        venv.mkdir(parents=True, exist_ok=True)
+        creating.write_text("hybrid-stack build is creating this venv\n")
+        proc = subprocess.run(
+            [python, "-m", "venv", str(venv)],
+            capture_output=True,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
             raise StackError(
                 f"could not create the venv {venv}: {last} (install python3-venv or pass --python)"
             )
+        crash_point("venv")
+        creating.unlink()
     log = venv / LOG_NAME
     stamp = read_stamp(venv)
     key = dependency_key(stack, profile, tree, python_version(py), torch_index=torch_index)
