@@ -226,3 +226,17 @@ def _state(pid: int) -> str:
 def with_suppress_kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def test_check_killed_leaves_no_trial_tree(two_entries: Toy, tmp_path: Path, monkeypatch):
+    """check applies into a temporary tree; killed there, the next check
+    removes that tree."""
+    toy = two_entries
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    rc, out = cli(toy, "check", kill_at="am")
+    assert rc == -signal.SIGKILL, out
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if "trial" in p.name]
+    rc, out = cli(toy, "check")
+    assert rc == 0, out
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if "trial" in p.name] == []

@@ -10,11 +10,12 @@ upstream of conftest.py.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import CORE_V1, Toy, add_entry, git
+from conftest import CORE_V1, Toy, add_entry, git, make_sdist, write_index
 from hybrid_stack.stack import cache_dir
 
 # two edits of vllm/core.py close enough that the second patch's context holds
@@ -253,3 +254,29 @@ def test_a_wrong_option_prints_the_verbs_usage(toy: Toy, capsys):
     msg = err(capsys)
     assert msg.startswith("usage: hybrid-stack apply [-h] [--work WORK]")
     assert msg.endswith("hybrid-stack apply: error: unrecognized arguments: --frobnicate")
+
+
+def test_continue_adds_the_overlay_files_of_the_resolved_entry(toy: Toy, tmp_path: Path):
+    """Mutation: apply --continue leaves out the overlay files of the entry
+    resolved by hand (git am brings only its patch)."""
+    assert toy.cli("apply") == 0
+    add_entry(
+        toy,
+        "edit-core",
+        {"vllm/core.py": EDIT_A, "vllm/new_op.py": "NEW = 1\n"},
+        overlay=("vllm/new_op.py",),
+    )
+    core2 = CORE_V1.replace("return x + 3\n", "return x + 3 + 0\n")
+    name, sha = make_sdist(toy.dist, "0.0.2", core=core2)
+    write_index(toy.index, toy.dist)
+    toy.set_pin(name, sha, version="0.0.2")
+    work2 = tmp_path / "rebase"
+    assert toy.cli("apply", "--work", str(work2)) == 2
+    with pytest.raises(subprocess.CalledProcessError):
+        git(work2, "am", "-3", "-k", str(toy.root / "patches/edit-core.patch"))
+    (work2 / "vllm/core.py").write_text(core2.replace("+ 0\n", "+ 0  # A\n", 1))
+    git(work2, "add", "vllm/core.py")
+    git(work2, "-c", "core.editor=true", "am", "--continue")
+    assert toy.cli("apply", "--work", str(work2), "--continue") == 0
+    assert git(work2, "show", "HEAD:vllm/new_op.py") == "NEW = 1"
+    assert git(work2, "status", "--porcelain") == ""

@@ -544,8 +544,10 @@ def _conflict_message(stack: Stack, work: Path, c: Conflict, carried: list[Entry
 
 @contextlib.contextmanager
 def trial_apply(stack: Stack, source: str = "sdist") -> Iterator[Path]:
-    """Apply the series quietly into a throwaway work tree and yield its path."""
-    with tempfile.TemporaryDirectory(prefix="hybrid-stack-trial-") as tmp:
+    """Apply the series quietly into a throwaway work tree and yield its path.
+    Its folder is named with this pid: a later run removes those of killed runs."""
+    sweep_stale(Path(tempfile.gettempdir()), "hybrid-stack-trial-")
+    with tempfile.TemporaryDirectory(prefix=f"hybrid-stack-trial{pid_tag()}") as tmp:
         work = Path(tmp) / "vllm"
         with contextlib.redirect_stdout(io.StringIO()):
             apply(stack, work, source=source)
