@@ -4,17 +4,21 @@
 #   2. fetch + apply the pinned base and the series into work/vllm
 #   3. build the patched tree Python-only into work/venv (lean CPU profile)
 #   4. lint: ruff on the tooling, and with vLLM's settings on overlay/
-#   5. the tooling tests (pytest tests/)
-#   6. sm_90 compile check of the stack's kernels (hybrid-stack kernel-stats), with
+#   5. sm_90 compile check of the stack's kernels (hybrid-stack kernel-stats), with
 #      the venv's Triton (3.8) and with Triton 3.6, the release the fused
 #      kernel's Gluon form has run with on the H200
-#   7. the stack's CPU suite on the patched tree (hybrid-stack test)
+#   6. the tooling tests (pytest tests/, two at a time); the sm_90 test reads
+#      step 5's result instead of compiling the same kernels again
+#   7. the stack's CPU suite on the patched tree (hybrid-stack test, two suites
+#      at a time)
 # Exits non-zero on any failure; pytest's "no tests collected" (5) is a failure.
+# JOBS (default 2): tooling tests and CPU suites run at a time.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 PY=${PYTHON:-python3}
+JOBS=${JOBS:-2}
 
 step "tooling: .venv"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -29,22 +33,13 @@ step "build (lean profile)"
 hybrid-stack build --profile lean
 
 step "lint (ruff)"
-ruff check scripts tests
-ruff format --check scripts tests
+ruff check scripts tests ci/kernel-cases
+ruff format --check scripts tests ci/kernel-cases
 ruff check --config ci/ruff-vllm.toml overlay
 ruff format --check --config ci/ruff-vllm.toml overlay
 
-step "tooling tests"
-set +e
-python -m pytest tests -q -ra
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then echo "tooling tests: pytest collected no tests" >&2; exit 1; fi
-[ "$rc" -eq 0 ] || exit "$rc"
-hybrid-stack report --check
-
 step "sm_90 compile check (no GPU: registers, spills, shared memory)"
-hybrid-stack kernel-stats --arch 90
+hybrid-stack kernel-stats --arch 90 --json work/kernel-stats-sm90.json
 # the fused kernel's sm_90 form (Gluon) compiles with Triton 3.6 and 3.8; the run
 # above used the venv's 3.8, this one compiles both forms with 3.6, the release
 # the stack's GPU tests and benchmarks ran with
@@ -57,5 +52,15 @@ ci/vllm-hooks.sh mamba2-ssd-varlen-empty-seq mamba2-ssd-fused-prefill mamba2-ssd
 ci/triton-release-tests.sh 3.6.0
 # --- end fused Mamba2 SSD entries
 
+step "tooling tests"
+set +e
+HYBRID_STACK_KSTATS_SM90_JSON="$PWD/work/kernel-stats-sm90.json" \
+  python -m pytest tests -q -ra -n "$JOBS"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "tooling tests: pytest collected no tests" >&2; exit 1; fi
+[ "$rc" -eq 0 ] || exit "$rc"
+hybrid-stack report --check
+
 step "CPU suite on the patched tree"
-hybrid-stack test
+hybrid-stack test --jobs "$JOBS"

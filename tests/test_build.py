@@ -371,3 +371,29 @@ def test_build_imports_the_patched_tree(tmp_path: Path) -> None:
     assert Path(out[0]).resolve().is_relative_to((tree / "vllm").resolve())
     assert out[1] == expected and out[1].startswith(f"{stack.pin.version}+hybridstack.")
     assert out[2] == marker
+
+
+def test_a_half_made_venv_is_made_again(
+    stack_root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A build killed while `python -m venv` ran left the venv half-made (its
+    marker inside): the next build removes it and creates it again."""
+    venv = stack_root / "work" / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / build.CREATING).write_text("")
+    (venv / "bin" / "half").write_text("")
+    maker = tmp_path / "python"  # stands in for `python -m venv DIR`
+    maker.write_text(
+        '#!/bin/sh\nmkdir -p "$3/bin" "$3/lib/python3.11/site-packages"\ntouch "$3/bin/python"\n'
+    )
+    maker.chmod(0o755)
+    fake = FakeVenv.__new__(FakeVenv)
+    fake.steps = []
+    monkeypatch.setattr(build, "python_version", lambda py: "3.11.7")
+    monkeypatch.setattr(build, "run_step", fake.run_step)
+    monkeypatch.setattr(build, "verify_import", fake.verify)
+    monkeypatch.setattr(build, "dir_size", lambda p: 0)
+    do_build(stack_root, python=str(maker))
+    assert not (venv / "bin" / "half").exists()
+    assert not (venv / build.CREATING).exists()
+    assert (venv / "bin" / "python").exists()

@@ -114,10 +114,16 @@ needs_venv = pytest.mark.skipif(
 @pytest.mark.venv
 @needs_venv
 def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
-    out = tmp_path / "ks.json"
-    p = _cli("--json", str(out))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    data = json.loads(out.read_text())
+    # CI ran `kernel-stats --arch 90 --json FILE` just before (and failed if
+    # it failed): check its result rather than compile the same kernels again
+    given = os.environ.get("HYBRID_STACK_KSTATS_SM90_JSON")
+    if given:
+        data = json.loads(Path(given).read_text())
+    else:
+        out = tmp_path / "ks.json"
+        p = _cli("--json", str(out))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        data = json.loads(out.read_text())
     assert data["arch"] == 90
     rows = data["rows"]
     assert not any("error" in r for r in rows)
@@ -146,7 +152,6 @@ def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
         assert skip["group"] == "_ssd_fused_sm90_cases"
         assert "needs Triton 3.6/3.8" in skip["skipped"]
         assert "--triton 3.6.0" in skip["skipped"]
-        assert "1 group(s) skipped" in p.stdout
 
 
 @pytest.mark.venv
@@ -166,3 +171,33 @@ def test_shared_memory_over_the_arch_limit_fails_the_case(tmp_path: Path) -> Non
     assert "sm_89 allows 101376" in rows[bad[0]]["error"]
     assert all(r["smem_bytes"] <= SMEM_LIMIT[89] for r in rows.values() if "error" not in r)
     assert "kernel-stats: 3 compiled, 1 failed, 1 group(s) skipped" in p.stdout
+
+
+def test_an_entry_declares_its_kernel_cases(tmp_path: Path) -> None:
+    """The probe loads an entry's case file (series.toml's kernel_cases), whose
+    `import kstats_probe` is the probe itself: one CasesSkipped class."""
+    from hybrid_stack import kstats_probe
+
+    f = tmp_path / "cases.py"
+    f.write_text(
+        "import kstats_probe\n"
+        "def _group(arch):\n"
+        "    raise kstats_probe.CasesSkipped(f'not for sm_{arch}')\n"
+        "GROUPS = (_group,)\n"
+        "WGMMA_SERIAL_OK = {'a case': 'its reason'}\n"
+    )
+    groups, ok = kstats_probe.load_cases(f)
+    assert ok == {"a case": "its reason"}
+    with pytest.raises(kstats_probe.CasesSkipped, match="not for sm_80"):
+        groups[0](80)
+
+
+def test_the_series_names_the_fused_kernels_cases() -> None:
+    from hybrid_stack.stack import load_stack
+
+    stack = load_stack(REPO)
+    named = {e.name: e.kernel_cases for e in stack.carried if e.kernel_cases}
+    assert named == {
+        "mamba2-ssd-fused-prefill": "ci/kernel-cases/mamba2-ssd-fused-prefill.py",
+        "mamba2-ssd-fused-prefill-sm90": "ci/kernel-cases/mamba2-ssd-fused-prefill-sm90.py",
+    }

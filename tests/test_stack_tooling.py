@@ -259,10 +259,17 @@ def test_dirty_work_tree_is_refused_and_kept(toy: Toy, capsys):
     head = git(toy.work, "rev-parse", "HEAD")
     assert toy.cli("apply") == 2
     msg = err(capsys)
-    assert "has uncommitted changes (2: vllm/core.py, notes.txt)" in msg
+    assert "has uncommitted changes (1: vllm/core.py)" in msg and "git stash" in msg
     assert (toy.work / "vllm/core.py").read_text() == "my unsaved work\n"
     assert (toy.work / "notes.txt").exists()
     assert git(toy.work, "rev-parse", "HEAD") == head
+    # an untracked file alone: git stash would not take it; the advice says so
+    git(toy.work, "checkout", "vllm/core.py")
+    assert toy.cli("apply") == 2
+    msg = err(capsys)
+    assert "has untracked files (1: notes.txt): move them out of the tree" in msg
+    assert "stash" not in msg
+    assert (toy.work / "notes.txt").exists()
 
 
 def test_export_keeps_edits_made_since_apply(toy: Toy, capsys):
@@ -327,3 +334,23 @@ def test_status_table(toy: Toy, capsys):
     row = next(line for line in out.splitlines() if " edit-core " in line)
     assert row.split()[2:] == ["carried", "-", "2", "+3/-1", "yes"]
     assert "upstreamed in 0.0.1" in out
+
+
+def test_cached_file_and_wrong_pin_says_the_pin_is_wrong(toy: Toy, capsys):
+    assert toy.cli("fetch") == 0
+    cached = cache_dir() / "dist" / toy.filename
+    toy.set_pin(toy.filename, "2" * 64)
+    assert toy.cli("fetch") == 2
+    msg = err(capsys)
+    assert f"patches/pin.toml's sha256 for {toy.filename} is wrong" in msg
+    assert f"the cached file and the index both have {toy.sha}; fix the pin" in msg
+    assert cached.is_file()  # the good file stays
+
+
+def test_damaged_cached_file_is_fetched_again(toy: Toy, capsys):
+    assert toy.cli("fetch") == 0
+    cached = cache_dir() / "dist" / toy.filename
+    cached.write_bytes(b"damaged")
+    assert toy.cli("fetch") == 0
+    assert "is damaged" in capsys.readouterr().out
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == toy.sha

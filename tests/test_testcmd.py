@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,7 @@ with open(os.environ["FAKE_PYTEST_LOG"], "a") as f:
     f.write(json.dumps({{"argv": args, "cwd": os.getcwd(),
                         "interp": os.environ.get("TRITON_INTERPRET", ""),
                         "hf": os.environ.get("HF_HUB_OFFLINE", ""),
+                        "cache": os.environ.get("VLLM_CACHE_ROOT", ""),
                         "layout": os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT", "")}}) + "\\n")
 print("collected ...")
 print(line)
@@ -284,7 +287,7 @@ def test_pytest_argv_and_env(tmp_path: Path) -> None:
 def test_default_run_one_process_per_suite(
     root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    rc, calls = run_cli(root, monkeypatch, ALL)
+    rc, calls = run_cli(root, monkeypatch, ALL, "--jobs", "1")
     out = capsys.readouterr().out
     assert rc == 0, out
     assert len(calls) == 7  # 2 config suites + 5 from the carried entry
@@ -425,3 +428,51 @@ def test_stale_deselect_warns(
     assert "pytest deselected none: stale ids?" in capsys.readouterr().out
     rc, _ = run_cli(root, monkeypatch, ALL, "--suite", "test_one")
     assert "stale ids?" not in capsys.readouterr().out
+
+
+def test_suites_run_side_by_side_longest_first() -> None:
+    """run_plan: at most `jobs` at once, two at once when there are two, the
+    longest (by the previous run) first, results in plan order."""
+    suites = [testcmd.Suite(n, [f"tests/{n}.py"]) for n in ("a", "b", "c", "d")]
+    previous = {"a": 1.0, "b": 30.0, "c": 5.0, "d": 20.0}
+    running: set[str] = set()
+    most, started, slots_seen = 0, [], set()
+    lock = threading.Lock()
+
+    def run_one(s: testcmd.Suite, slot: int) -> testcmd.Result:
+        nonlocal most
+        with lock:
+            running.add(s.name)
+            started.append(s.name)
+            slots_seen.add(slot)
+            most = max(most, len(running))
+        time.sleep(0.2)
+        with lock:
+            running.discard(s.name)
+        return testcmd.Result(s, 0, dict.fromkeys(testcmd.COUNT_KEYS, 0), 0.2)
+
+    done: list[int] = []
+    results = testcmd.run_plan(suites, 2, previous, run_one, lambda r, n: done.append(n))
+    assert most == 2 and slots_seen == {0, 1}
+    assert started[:2] == ["b", "d"] and started[-1] == "a"
+    assert [r.suite.name for r in results] == ["a", "b", "c", "d"]
+    assert done == [1, 2, 3, 4]
+    most = 0
+    testcmd.run_plan(suites, 1, previous, run_one, lambda r, n: None)
+    assert most == 1
+
+
+def test_parallel_run_separates_caches_and_keeps_failures(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    table = {**ALL, "tests/a/test_two.py": ("===== no tests ran in 0.01s =====", 5)}
+    rc, calls = run_cli(root, monkeypatch, table, "--jobs", "2")
+    out = capsys.readouterr().out
+    assert rc == 1 and len(calls) == 7
+    assert "no tests collected (pytest exit 5)" in out
+    caches = {c["cache"] for c in calls}
+    assert {Path(c).name for c in caches} <= {"slot0", "slot1"} and len(caches) == 2
+    summary = json.loads((root / "work" / "test-logs" / "summary.json").read_text())
+    assert len(summary) == 7 and sum(s["rc"] == 5 for s in summary) == 1
+    with pytest.raises(StackError, match="--jobs wants"):
+        testcmd.run(cli.make_parser().parse_args(["--root", str(root), "test", "--jobs", "0"]))

@@ -39,12 +39,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_stack.errors import StackError
-from hybrid_stack.proc import tee
+from hybrid_stack.proc import crash_point, die_with_parent, tee, write_atomic
 from hybrid_stack.stack import Stack, load_stack
+from hybrid_stack.venvs import (  # noqa: F401 - read_stamp, tree_version, default_venv: old home
+    STAMP_NAME,
+    default_venv,
+    read_stamp,
+    tree_version,
+    venv_and_tree,
+)
 
 PROFILES = ("lean", "full")
-STAMP_NAME = "hybrid-stack-build.json"
 LOG_NAME = "hybrid-stack-build.log"
+# in the venv while build creates it: a later build finding it starts afresh
+CREATING = ".hybrid-stack-creating"
 STAMP_FORMAT = 1
 
 # The lean profile's torch: the CPU build of the newest torch this project's
@@ -160,14 +168,8 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def default_venv(stack: Stack) -> Path:
-    return stack.root / "work" / "venv"
-
-
 def resolve_paths(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path]:
-    venv = (args.venv or default_venv(stack)).absolute()
-    tree = (args.tree or stack.default_work).absolute()
-    return venv, tree
+    return venv_and_tree(stack, args.venv, args.tree)
 
 
 # --------------------------------------------------------------------------- stamp
@@ -213,37 +215,11 @@ def dependency_key(
     return hashlib.sha256(blob).hexdigest()
 
 
-def read_stamp(venv: Path) -> dict:
-    try:
-        data = json.loads((venv / STAMP_NAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def write_stamp(venv: Path, data: dict) -> None:
-    (venv / STAMP_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_atomic(venv / STAMP_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------------- version
-
-
-def _git(tree: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", "-C", str(tree), *argv], capture_output=True, text=True, check=False
-    )
-
-
-def tree_version(stack: Stack, tree: Path) -> str:
-    """``<pin>+hybridstack.<short commit>[.dirty]``: the installed vLLM's version."""
-    head = _git(tree, "rev-parse", "--short=10", "HEAD")
-    if head.returncode != 0:
-        return f"{stack.pin.version}+hybridstack.nogit"
-    local = f"hybridstack.{head.stdout.strip()}"
-    dirty = _git(tree, "diff", "--quiet", "HEAD", "--")
-    if dirty.returncode == 1:
-        local += ".dirty"
-    return f"{stack.pin.version}+{local}"
 
 
 # -------------------------------------------------------------------------- steps
@@ -540,15 +516,27 @@ def build(
         )
     t_start = time.monotonic()
     py = venv_python(venv)
+    creating = venv / CREATING
+    if creating.exists():  # a build killed while it created the venv
+        print(f"removing the half-made venv {venv}", flush=True)
+        shutil.rmtree(venv)
     if not py.exists():
         print(f"creating venv {venv} ({python})", flush=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+        venv.mkdir(parents=True, exist_ok=True)
+        creating.write_text("hybrid-stack build is creating this venv\n")
+        proc = subprocess.run(
+            [python, "-m", "venv", str(venv)],
+            capture_output=True,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
             raise StackError(
                 f"could not create the venv {venv}: {last} (install python3-venv or pass --python)"
             )
+        crash_point("venv")
+        creating.unlink()
     log = venv / LOG_NAME
     stamp = read_stamp(venv)
     key = dependency_key(stack, profile, tree, python_version(py), torch_index=torch_index)

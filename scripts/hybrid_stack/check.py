@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from hybrid_stack.apply import trial_apply
+from hybrid_stack.applier import trial_apply
 from hybrid_stack.errors import StackError
-from hybrid_stack.export import current_files, export_files, orphan_patches
 from hybrid_stack.stack import Stack, load_stack
+from hybrid_stack.workstate import current_files, export_files, orphan_patches
 
 
 def stale_files(stack: Stack, source: str = "sdist") -> list[str]:

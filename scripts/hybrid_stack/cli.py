@@ -52,12 +52,16 @@ def make_parser() -> argparse.ArgumentParser:
                 raise
             continue  # verb not built yet
         module.add_parser(sub)
+    parser.set_defaults(_verbs=sub.choices)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # the verb's own usage, not the top level's (exits 2)
+        args._verbs[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except StackError as e:

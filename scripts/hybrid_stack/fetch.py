@@ -23,6 +23,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from hybrid_stack.errors import StackError
+from hybrid_stack.proc import crash_point, pid_tag, sweep_stale
 from hybrid_stack.stack import Artifact, Stack, cache_dir, load_stack
 
 ACCEPT = (
@@ -138,7 +139,10 @@ def find_file_url(index: str, project: str, filename: str) -> tuple[str, str]:
 
 
 def download(url: str, dest: Path) -> None:
-    part = dest.with_name(dest.name + ".part")
+    """Download into `<dest>.part-<pid>-` and rename it to dest when complete;
+    parts of killed downloads are removed first."""
+    sweep_stale(dest.parent, f"{dest.name}.part-")
+    part = dest.with_name(f"{dest.name}.part{pid_tag()}")
     try:
         src, _ = _open(url, timeout=300)
         total = int(getattr(src, "headers", {}).get("Content-Length", 0) or 0)
@@ -146,6 +150,7 @@ def download(url: str, dest: Path) -> None:
         with src, part.open("wb") as out:
             while block := src.read(CHUNK):
                 out.write(block)
+                crash_point("download")
                 done += len(block)
                 pct = done * 100 // total if total else -1
                 if total and pct // 10 != last // 10:
@@ -167,10 +172,7 @@ def fetch_artifact(stack: Stack, kind: str = "sdist", offline: bool = False) -> 
         got = sha256_file(dest)
         if got == art.sha256:
             return dest
-        raise StackError(
-            f"cached {dest} has sha256 {got}, the pin says {art.sha256}: "
-            "delete the file and fetch again"
-        )
+        _cached_mismatch(stack, art, dest, got, offline)  # raises, or moves dest aside
     if offline:
         raise StackError(f"{art.filename} is not in the cache ({dest.parent}); run fetch")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,49 @@ def fetch_artifact(stack: Stack, kind: str = "sdist", offline: bool = False) -> 
             )
         return dest
     raise StackError(f"{art.filename} not found on any configured index: " + "; ".join(errors))
+
+
+def _announced(stack: Stack, filename: str) -> str:
+    """The sha256 the first index that lists `filename` announces ('' if none)."""
+    for index in pip_indexes():
+        try:
+            return find_file_url(index, stack.pin.project, filename)[1]
+        except StackError:
+            continue
+    return ""
+
+
+def _cached_mismatch(stack: Stack, art: Artifact, dest: Path, got: str, offline: bool) -> None:
+    """A cached file whose sha256 is not the pin's: say which side is wrong,
+    asking the index where it can. A damaged file (the index agrees with the
+    pin) is moved aside so that fetch downloads it again; otherwise raise."""
+    announced = "" if offline else _announced(stack, art.filename)
+    if announced and announced == got:
+        raise StackError(
+            f"patches/pin.toml's sha256 for {art.filename} is wrong: it says "
+            f"{art.sha256}, but the cached file and the index both have {got}; "
+            "fix the pin"
+        )
+    if announced and announced == art.sha256:
+        bad = dest.with_name(dest.name + ".sha256-mismatch")
+        dest.replace(bad)
+        print(
+            f"fetch: cached {dest.name} is damaged (sha256 {got[:12]}..., the pin and "
+            f"the index say {art.sha256[:12]}...): kept as {bad.name}, downloading again"
+        )
+        return
+    if announced:
+        raise StackError(
+            f"{art.filename}: the pin says sha256 {art.sha256}, the index {announced}, "
+            f"the cached {dest} has {got}: check the pin against the release's "
+            "published hash, then delete the cached file and fetch again"
+        )
+    how = "offline" if offline else "no index announces its hash"
+    raise StackError(
+        f"cached {dest} has sha256 {got}, the pin says {art.sha256} ({how}, so "
+        "which is wrong is not known): compare the pin with the release's published "
+        "sha256; if the pin is right, delete the cached file and fetch again"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import git  # gitpython
 from git.exc import GitCommandError
 
 from hybrid_stack.errors import StackError
+from hybrid_stack.proc import die_with_parent
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "vllm-hybrid-stack",
@@ -30,6 +31,9 @@ ISOLATION = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": os.devnull,
     "GIT_TERMINAL_PROMPT": "0",
+    # read-only commands (status) take no lock: a tool killed during one
+    # leaves no index.lock behind
+    "GIT_OPTIONAL_LOCKS": "0",
     "LC_ALL": "C",
 }
 # Options for every exported patch: no hashes, no stat, no signature, stable
@@ -71,7 +75,10 @@ class Repo:
         full_env = {**os.environ, **ISOLATION, **IDENTITY, **(env or {})}
         cmd = ["git", "-c", "safe.directory=*", "-c", "core.quotePath=false", *args]
         try:
-            return git.Git(str(self.path)).execute(cmd, env=full_env, **kw)
+            # die_with_parent: a killed tool leaves no git running on its own
+            return git.Git(str(self.path)).execute(
+                cmd, env=full_env, preexec_fn=die_with_parent, **kw
+            )
         except GitCommandError as e:  # pragma: no cover - execute() failed to start
             raise StackError(f"could not run git: {e}") from None
 
@@ -92,6 +99,10 @@ class Repo:
         if check and status != 0:
             raise GitFailed(args, status, err)
         return out if check else (out if status == 0 else "")
+
+    def status(self, *args: str) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) of `git ARGS`, whatever the status."""
+        return self._execute(args, with_extended_output=True, with_exceptions=False)
 
     def ok(self, *args: str) -> bool:
         status, _, _ = self._execute(args, with_extended_output=True, with_exceptions=False)
@@ -115,6 +126,11 @@ class Repo:
         out = self.run("status", "--porcelain=v1", "--untracked-files=all", strip=False)
         return [line[3:] for line in out.splitlines() if line.strip()]
 
+    def untracked(self) -> list[str]:
+        """Untracked, not ignored paths."""
+        out = self.run("ls-files", "-z", "--others", "--exclude-standard")
+        return [p for p in out.split("\0") if p]
+
     def operation_in_progress(self) -> str:
         gitdir = self.git_dir()
         for name, what in (
@@ -126,6 +142,19 @@ class Repo:
             if (gitdir / name).exists():
                 return what
         return ""
+
+    def clear_stale_locks(self) -> list[str]:
+        """Remove the lock files a killed git leaves (index.lock, HEAD.lock,
+        refs/**.lock); only for a caller that knows no git runs in this tree."""
+        gitdir = self.git_dir()
+        found = [gitdir / "index.lock", gitdir / "HEAD.lock", gitdir / "ORIG_HEAD.lock"]
+        found += [gitdir / "packed-refs.lock", *(gitdir / "refs").rglob("*.lock")]
+        gone = []
+        for f in found:
+            if f.is_file():
+                f.unlink()
+                gone.append(f.relative_to(gitdir).as_posix())
+        return gone
 
     def git_dir(self) -> Path:
         return Path(self.run("rev-parse", "--absolute-git-dir"))

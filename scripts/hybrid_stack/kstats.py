@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """`hybrid-stack kernel-stats`: compile the stack's Triton kernels for a GPU on this CPU box.
 
-For every carried entry with kernel cases (``kstats_probe.CASES``) it calls the
+For every carried entry with kernel cases (the file its ``kernel_cases`` in
+series.toml names; see kstats_probe) it calls the
 entry's real launcher on ``meta`` tensors, captures the launch, compiles it for
 ``sm_<arch>`` with the build venv's Triton and prints registers, spill bytes
 and shared memory per program. A case that fails to compile, or needs more
@@ -28,7 +29,7 @@ from pathlib import Path
 from hybrid_stack import kstats_probe
 from hybrid_stack.errors import StackError
 from hybrid_stack.stack import load_stack
-from hybrid_stack.testcmd import _check_venv, test_env, venv_and_tree
+from hybrid_stack.venvs import check_venv, test_env, venv_and_tree
 
 PROBE = Path(kstats_probe.__file__)
 
@@ -85,24 +86,26 @@ def run(args: argparse.Namespace) -> int:
     if args.triton is not None and not re.fullmatch(r"\d+\.\d+\.\d+", args.triton):
         raise StackError(f"--triton wants a release like 3.6.0, not {args.triton!r}")
     stack = load_stack(args.root)
-    carried = {e.name for e in stack.carried}
-    wanted = args.entry or [name for name in kstats_probe.CASES if name in carried]
-    unknown = sorted(set(wanted) - set(kstats_probe.CASES))
+    # entry -> its file of kernel cases (series.toml's kernel_cases)
+    cases = {e.name: stack.root / e.kernel_cases for e in stack.carried if e.kernel_cases}
+    wanted = args.entry or list(cases)
+    unknown = sorted(set(wanted) - set(cases))
     if unknown:
         raise StackError(
-            f"no kernel cases for {', '.join(unknown)} (known: {', '.join(kstats_probe.CASES)})"
+            f"no kernel cases for {', '.join(unknown)} (carried entries with kernel_cases "
+            f"in patches/series.toml: {', '.join(cases) or 'none'})"
         )
-    not_carried = sorted(set(wanted) - carried)
-    if not_carried:
-        raise StackError(f"not carried by the series: {', '.join(not_carried)}")
     if not wanted:
-        raise StackError("no carried entry has kernel cases")
-    venv, tree = venv_and_tree(stack, args)
-    py = _check_venv(stack, venv, tree)
+        raise StackError(
+            "no carried entry has kernel cases: name a file of them with kernel_cases "
+            "in the entry (patches/series.toml)"
+        )
+    venv, tree = venv_and_tree(stack, args.venv, args.tree)
+    py = check_venv(stack, venv, tree)
     out = (args.json or stack.root / "work" / f"kernel-stats-sm{args.arch}.json").absolute()
     argv = [str(py), str(PROBE), "--arch", str(args.arch), "--json", str(out)]
     for name in wanted:
-        argv += ["--entry", name]
+        argv += ["--cases", f"{name}={cases[name]}"]
     # The build venv's vLLM on a CPU box: CUDA_VISIBLE_DEVICES="" makes
     # vllm.triton_utils hand out the real triton module with no active driver.
     env = test_env(dict(os.environ), stack.root / "work" / "hf-home", interpret=False)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import subprocess
 import sys
@@ -54,7 +53,7 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 # kernel still runs, correctly and much slower (a serialized variant of the
 # fused SSD kernel's sm_90 form measured 0.73-0.79x of the committed kernel,
 # patches/mamba2-ssd-fused-prefill.notes.md), so the probe fails such a case unless
-# WGMMA_SERIAL_OK names it, with the reason.
+# the entry's WGMMA_SERIAL_OK names it, with the reason.
 _PTXAS_WGMMA = re.compile(
     r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions"
     r" are serialized due to (.+?) (?:in|for) the function"
@@ -200,153 +199,70 @@ def compile_launch(kernel: Any, args: tuple, kwargs: dict, arch: int) -> dict[st
 
 
 # ---------------------------------------------------------------------------
-# Cases: one function per series entry that carries Triton kernels. Each
-# yields (case name, kernel, launch args, launch kwargs).
+# Cases are declared by the entries: an entry's ``kernel_cases`` (series.toml)
+# names a Python file of the stack defining
+#   GROUPS: a tuple of case groups; a group is called with the target arch
+#           and yields (case name, kernel, launch args, launch kwargs), or
+#           raises CasesSkipped (its docstring's first words name it);
+#   WGMMA_SERIAL_OK (optional): case name -> why ptxas serializing its wgmma
+#           is accepted there.
+# The file imports its helpers from this module as ``kstats_probe``
+# (``capture``, ``CasesSkipped``).
 # ---------------------------------------------------------------------------
 
-
-def _ssd_fused_cases(arch: int) -> Any:
-    """The fused kernel's portable Triton form, through its real launcher."""
-    import torch
-    from vllm.model_executor.layers.mamba.ops import ssd_fused
-
-    meta = "meta"
-
-    def launch(name: str, *, heads: int, groups: int, chunk: int, dtype: torch.dtype,
-               seqs: int = 2, tokens: int = 4096, z: bool = False, d_dim: bool = False,
-               init: bool = False, inter: bool = False) -> Any:  # fmt: skip
-        hd, ds = 64, 128
-        nchunks = seqs * math.ceil(tokens / seqs / chunk)
-
-        def t(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
-            return torch.empty(*shape, device=meta, dtype=dt)
-
-        i32 = torch.int32
-
-        def call() -> None:
-            ssd_fused._mamba_chunk_scan_fused_fwd(
-                t(tokens, heads, hd), t(tokens, heads), t(heads, dt=torch.float32),
-                t(tokens, groups, ds), t(tokens, groups, ds), chunk,
-                t(seqs + 1, dt=i32), t(nchunks + 1, dt=i32), t(seqs, dt=i32),
-                t(nchunks, dt=i32), t(tokens, heads, hd),
-                D=t(heads, hd, dt=torch.float32) if d_dim else t(heads, dt=torch.float32),
-                z=t(tokens, heads, hd) if z else None,
-                dt_bias=t(heads, dt=torch.float32),
-                initial_states=t(seqs, heads, hd, ds, dt=torch.float32) if init else None,
-                dt_softplus=True,
-                return_intermediate_states=inter,
-                state_dtype=torch.float32,
-                final_states_out=None if inter else t(8, heads, hd, ds, dt=torch.float32),
-                final_state_indices=None if inter else t(seqs, dt=i32),
-            )  # fmt: skip
-
-        real, args, kwargs = _capture(ssd_fused, "_ssd_fused_varlen_kernel", call)
-        return name, real, args, kwargs
-
-    bf16 = torch.bfloat16
-    yield launch("granite-small bf16 c256", heads=128, groups=1, chunk=256, dtype=bf16)  # fmt: skip
-    yield launch("granite-small bf16 c256 init+inter", heads=128, groups=1, chunk=256,
-                 dtype=bf16, init=True, inter=True)  # fmt: skip
-    yield launch("nemotron-h bf16 c128 g8", heads=128, groups=8, chunk=128, dtype=bf16)  # fmt: skip
-    yield launch("fp32 c256 g2 z D(dim) init", heads=8, groups=2, chunk=256,
-                 dtype=torch.float32, z=True, d_dim=True, init=True)  # fmt: skip
+capture = _capture
 
 
-def _ssd_fused_sm90_cases(arch: int) -> Any:
-    """The fused kernel's sm_90 form (Gluon), launched through its real
-    launcher on meta tensors: granite / Nemotron-H dims, bf16, headdim 64."""
-    import torch
-    import triton
-    from vllm.model_executor.layers.mamba.ops import ssd_fused_sm90 as sm90
+def load_cases(path: Path) -> tuple[tuple[Callable[[int], Any], ...], dict[str, str]]:
+    """(GROUPS, WGMMA_SERIAL_OK) of one entry's case file."""
+    import importlib.util
 
-    if arch != 90:
-        raise CasesSkipped("the sm_90 form (Gluon, wgmma + TMA) is for sm_90 only")
-    if not sm90.HAS_GLUON:
-        versions = "/".join(sm90.GLUON_TRITON_VERSIONS)
-        raise CasesSkipped(
-            f"the sm_90 form needs Triton {versions} (this is {triton.__version__}); "
-            "compile it with --triton 3.6.0"
-        )
-    meta = "meta"
-
-    def launch(name: str, *, heads: int, groups: int, chunk: int, seqs: int = 2,
-               tokens: int = 4096, inter: bool = False, run: int,
-               ws: bool = False) -> Any:  # fmt: skip
-        hd, ds = 64, 128
-        nchunks = seqs * math.ceil(tokens / seqs / chunk)
-
-        def t(*shape: int, dt: torch.dtype = torch.bfloat16) -> torch.Tensor:
-            return torch.empty(*shape, device=meta, dtype=dt)
-
-        f32, i32 = torch.float32, torch.int32
-
-        def call() -> None:
-            sm90.launch(
-                t(tokens, heads, hd), t(tokens, heads), t(heads, dt=f32),
-                t(tokens, groups, ds), t(tokens, groups, ds), chunk,
-                t(nchunks + 1, dt=i32), t(seqs, dt=i32), t(nchunks, dt=i32),
-                t(tokens, heads, hd), t(heads, dt=f32), None, t(heads, dt=f32), None,
-                True, (0.0, float("inf")),
-                t(nchunks, heads, hd, ds, dt=f32) if inter else None,
-                None if inter else t(8, heads, hd, ds, dt=f32),
-                None if inter else t(seqs, dt=i32),
-                not inter,
-                sm90.LaunchConfig(run_chunks=run, warp_specialize=ws),
-            )  # fmt: skip
-
-        # runs of `run` chunks, on one warpgroup or (ws) warp-specialized
-        real, args, kwargs = _capture(sm90, "_ssd_fused_sm90_kernel", call)
-        return name, real, args, kwargs
-
-    yield launch("sm90 runs: granite-small bf16 c256", heads=128, groups=1, chunk=256,
-                 seqs=8, run=8)  # fmt: skip
-    yield launch("sm90 runs: nemotron-h bf16 c128 g8 inter", heads=128, groups=8,
-                 chunk=128, seqs=8, inter=True, run=16)  # fmt: skip
-    # warp-specialized: one head per program (16 chunks), and ranges of part
-    # of a head (16 of its 32 chunks: the form with hand-overs and the 4-deep
-    # ring, which runs where ranges cross heads)
-    yield launch("sm90 ws: granite-small bf16 c256 heads", heads=128, groups=1,
-                 chunk=256, seqs=8, run=16, ws=True)  # fmt: skip
-    yield launch("sm90 ws: nemotron-h bf16 c128 g8 inter ranges", heads=128,
-                 groups=8, chunk=128, seqs=8, inter=True, run=16, ws=True)  # fmt: skip
-
-
-# case name -> why ptxas serializing its wgmma is accepted there
-WGMMA_SERIAL_OK = {
-    "fp32 c256 g2 z D(dim) init": "fp32 inputs (tf32 dots at 255 registers): "
-    "the fp32 path is for exactness, its speed is not a target",
-}
-
-# entry -> its case groups; a group is called with the target arch and yields
-# (case name, kernel, launch args, launch kwargs), or raises CasesSkipped.
-CASES: dict[str, tuple[Callable[[int], Any], ...]] = {
-    "mamba2-ssd-fused-prefill": (_ssd_fused_cases,),
-    "mamba2-ssd-fused-prefill-sm90": (_ssd_fused_sm90_cases,),
-}
+    # the case file's `import kstats_probe` must find this very module (run as
+    # a script it is __main__), so that CasesSkipped is one class
+    sys.modules.setdefault("kstats_probe", sys.modules[__name__])
+    spec = importlib.util.spec_from_file_location(f"kernel_cases_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load kernel cases from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    groups = tuple(getattr(module, "GROUPS", ()))
+    if not groups:
+        raise SystemExit(f"{path} defines no GROUPS of kernel cases")
+    return groups, dict(getattr(module, "WGMMA_SERIAL_OK", {}))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--arch", type=int, default=90)
-    ap.add_argument("--entry", action="append", default=[], help="default: all")
+    ap.add_argument(
+        "--cases",
+        action="append",
+        default=[],
+        metavar="ENTRY=FILE",
+        help="an entry and its file of kernel cases (repeatable)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
     import triton
 
-    entries = args.entry or list(CASES)
-    unknown = sorted(set(entries) - set(CASES))
-    if unknown:
-        print(f"no kernel cases for {', '.join(unknown)}; known: {', '.join(CASES)}")
+    if not args.cases or not all("=" in c for c in args.cases):
+        print("give each entry's kernel cases as --cases ENTRY=FILE")
         return 2
+    cases: dict[str, tuple[Callable[[int], Any], ...]] = {}
+    serial_ok: dict[str, str] = {}
+    for item in args.cases:
+        entry, _, file = item.partition("=")
+        cases[entry], ok = load_cases(Path(file))
+        serial_ok.update(ok)
     rows: list[dict[str, Any]] = []
     failed = 0
     head = f"{'entry: case':60} {'regs':>4} {'spill st/ld':>11} {'smem':>7} {'warps':>5} {'s':>5}"
     print(f"sm_{args.arch}, triton {triton.__version__} (compiled on the CPU, nothing run)")
     print(head)
     skipped = 0
-    for entry in entries:
-        for group in CASES[entry]:
+    for entry, groups in cases.items():
+        for group in groups:
             try:
                 cases = list(group(args.arch))
             except CasesSkipped as e:
@@ -360,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     usage = compile_launch(kernel, kargs, kkwargs, args.arch)
                     serial = "; ".join(usage["wgmma_serialized"])
-                    if serial and name not in WGMMA_SERIAL_OK:
+                    if serial and name not in serial_ok:
                         raise RuntimeError(f"ptxas serializes its wgmma ({serial})")
                 except Exception as e:  # one clear line per failing case, then go on
                     failed += 1
@@ -370,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows.append({"entry": entry, "case": name, "kernel": kernel.fn.__name__, **usage})
                 spills = f"{usage['spill_store_bytes']}/{usage['spill_load_bytes']}"
-                note = f"  (wgmma serialized: {WGMMA_SERIAL_OK[name]})" if serial else ""
+                note = f"  (wgmma serialized: {serial_ok[name]})" if serial else ""
                 print(f"{label:60} {usage['regs']:>4} {spills:>11} {usage['smem_bytes']:>7} "
                       f"{usage['num_warps']:>5} {usage['compile_s']:>5}{note}")  # fmt: skip
     if args.json:

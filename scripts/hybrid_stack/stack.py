@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hybrid_stack import tomlfile
 from hybrid_stack.errors import StackError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 STATUSES = ("carried", "upstreamed", "dropped")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
@@ -40,6 +35,7 @@ ENTRY_KEYS = {
     "overlay",
     "cpu_tests",
     "gpu_tests",
+    "kernel_cases",
 }
 TRAILER_ENTRY = "Stack-Entry"
 
@@ -83,6 +79,9 @@ class Entry:
     overlay: tuple[str, ...] = ()
     cpu_tests: tuple[str, ...] = ()
     gpu_tests: tuple[str, ...] = ()
+    # a Python file of the stack (stack-relative) with the entry's cases for
+    # `hybrid-stack kernel-stats` (see kstats_probe)
+    kernel_cases: str = ""
 
     @property
     def carried(self) -> bool:
@@ -165,13 +164,7 @@ def find_root(start: Path | None = None) -> Path:
 
 
 def _load_toml(path: Path) -> dict:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise StackError(f"{path} is missing") from None
-    except tomllib.TOMLDecodeError as e:
-        raise StackError(f"{path} is not valid TOML: {e}") from None
+    return tomlfile.load(path)
 
 
 def _artifact(where: str, data: object) -> Artifact:
@@ -239,6 +232,10 @@ def parse_entry(path: Path, i: int, raw: object) -> Entry:
         pp = Path(p)
         if pp.is_absolute() or ".." in pp.parts or p != pp.as_posix():
             raise StackError(f"{where}: overlay path {p!r} must be relative, no '..'")
+    kernel_cases = str(raw.get("kernel_cases", ""))
+    kc = Path(kernel_cases)
+    if kernel_cases and (kc.is_absolute() or ".." in kc.parts or kc.suffix != ".py"):
+        raise StackError(f"{where}: kernel_cases must be a relative path to a .py file")
     if status == "carried" and not patch and not overlay:
         raise StackError(f"{where}: a carried entry needs a patch or overlay files")
     return Entry(
@@ -253,6 +250,7 @@ def parse_entry(path: Path, i: int, raw: object) -> Entry:
         overlay=overlay,
         cpu_tests=_str_list(f"{where}: cpu_tests", raw.get("cpu_tests", [])),
         gpu_tests=_str_list(f"{where}: gpu_tests", raw.get("gpu_tests", [])),
+        kernel_cases=kernel_cases,
     )
 
 
@@ -334,6 +332,11 @@ def load_stack(root: Path | None = None, *, check_files: bool = True) -> Stack:
                 raise StackError(
                     f"entry '{e.name}' names patches/{e.patch}, which does not exist "
                     "(run 'hybrid-stack export' from a work tree, or fix series.toml)"
+                )
+            if e.kernel_cases and not (root / e.kernel_cases).is_file():
+                raise StackError(
+                    f"entry '{e.name}' names kernel_cases {e.kernel_cases}, which does not "
+                    "exist (add the file or drop the key)"
                 )
             for p in e.overlay:
                 if not (stack.overlay_dir / p).is_file():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hybrid_stack.apply import ApplyConflict, trial_apply
+from hybrid_stack.applier import ApplyConflict, trial_apply
 from hybrid_stack.stack import Entry, Stack, load_stack
 
 

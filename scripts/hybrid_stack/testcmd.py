@@ -7,7 +7,10 @@ With no arguments it runs the stack's CPU suite: the upstream files listed in
 entries, one pytest process per suite (tests leak environment variables such
 as ``VLLM_SSM_CONV_STATE_LAYOUT`` across files), and prints a summary table.
 Any failure, error, or a suite that collects nothing (pytest exit 5) or passes
-nothing makes the exit status non-zero.
+nothing makes the exit status non-zero. Suites run ``--jobs`` at a time
+(default: 2, or 1 on a one-core machine), each its own process with its own
+vLLM cache folder, longest first by the previous run's times
+(``work/test-logs/summary.json``); the summary lists them in plan order.
 
 Every run is offline: the project's Hugging Face fixture cache (see
 ``hfcache``) with ``HF_HUB_OFFLINE=1``. Tests that cannot run on CPU even so
@@ -30,11 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import re
 import shlex
 import subprocess
-import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,13 +48,17 @@ from hybrid_stack import hfcache
 from hybrid_stack.errors import StackError
 from hybrid_stack.proc import tee
 from hybrid_stack.stack import Stack, load_stack
+from hybrid_stack.tomlfile import load as load_toml
+from hybrid_stack.venvs import (  # noqa: F401 - PLUGIN_DIR, test_env: old home
+    PLUGIN_DIR,
+    check_venv,
+    test_env,
+    venv_and_tree,
+)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+# old names (kernel-stats imported them from here)
+_check_venv = check_venv
 
-PLUGIN_DIR = Path(__file__).parent / "data" / "pytest_plugins"
 PLUGIN = "hybridstack_triton_interp"
 DEFAULT_CONFIG = Path("ci") / "cpu-suite.toml"
 INTERPRET_PREFIX = "interpret:"
@@ -113,15 +123,7 @@ def _where(path: Path, what: str) -> str:
 
 def load_config(path: Path) -> Config:
     """Parse ci/cpu-suite.toml (suites, defaults, the deselect list)."""
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise StackError(
-            f"{path} is missing: restore it from git (it lists the CPU suite)"
-        ) from None
-    except tomllib.TOMLDecodeError as e:
-        raise StackError(f"{path} is not valid TOML: {e}") from None
+    data = load_toml(path, missing="restore it from git (it lists the CPU suite)")
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise StackError(_where(path, f"unknown top-level key(s) {sorted(unknown)}"))
@@ -237,39 +239,6 @@ def plan(stack: Stack, config: Config) -> list[Suite]:
 
 
 # -------------------------------------------------------------- the environment
-
-
-def test_env(
-    base: dict[str, str], hf_home: Path, *, interpret: bool, native: bool = False
-) -> dict[str, str]:
-    """The environment of one pytest process.
-
-    Inherited VLLM_* and TRITON_* variables are dropped: a developer's shell
-    must not change results, and tests leak such variables between files.
-    """
-    env = {
-        k: v
-        for k, v in base.items()
-        if not k.startswith(("VLLM_", "TRITON_")) and k != "PYTHONPATH"
-    }
-    env.update(hfcache.offline_env(hf_home))
-    # vLLM's own cache (model-class inspection results, keyed by module hash)
-    # beside the HF fixtures, not the user's ~/.cache/vllm: a stale entry
-    # there could hide an import failure.
-    env["VLLM_CACHE_ROOT"] = str(hf_home.parent / "vllm-cache")
-    env["VLLM_TARGET_DEVICE"] = "cpu"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env["VLLM_TRITON_FORCE_FIRST_CONFIG"] = "1"
-        env["PYTHONPATH"] = str(PLUGIN_DIR)
-    elif native:
-        # With no GPU driver active vLLM swaps its placeholder module in for
-        # triton, unless CUDA_VISIBLE_DEVICES is set and empty (as in a Ray
-        # actor): then the real Triton stays, JIT objects and all.
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
 
 
 def pytest_argv(
@@ -453,6 +422,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with PYTEST ARGS: keep the real Triton on the CPU (launch-path tests)",
     )
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="suites run at a time (default: 2, 1 on a one-core machine)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="stream pytest's output")
     p.add_argument(
         "pytest_args",
@@ -463,40 +440,95 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def venv_and_tree(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path]:
-    """--venv and --tree with their defaults (work/venv, the work tree)."""
-    venv = (args.venv or stack.root / "work" / "venv").absolute()
-    tree = (args.tree or stack.default_work).absolute()
-    return venv, tree
-
-
 def _paths(stack: Stack, args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    venv, tree = venv_and_tree(stack, args)
+    venv, tree = venv_and_tree(stack, args.venv, args.tree)
     config = (args.config or stack.root / DEFAULT_CONFIG).absolute()
     return venv, tree, config
 
 
-def _check_venv(stack: Stack, venv: Path, tree: Path) -> Path:
-    py = venv / "bin" / "python"
-    if not py.exists():
-        raise StackError(f"no venv at {venv}: run 'hybrid-stack build' first")
-    if not (tree / "tests" / "conftest.py").is_file():
-        raise StackError(f"{tree} has no tests/conftest.py: run 'hybrid-stack apply' (or --tree)")
-    from hybrid_stack import build
+_print_lock = threading.Lock()
 
-    built = build.read_stamp(venv).get("editable", {})
-    if built.get("tree") != str(tree):
-        raise StackError(
-            f"the venv {venv} has no editable install of {tree}: run "
-            f"'hybrid-stack build --venv {venv} --tree {tree}'"
+
+def default_jobs() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def previous_seconds(summary: Path) -> dict[str, float]:
+    """Suite name -> seconds, from the previous run's summary.json ({} if none)."""
+    try:
+        data = json.loads(summary.read_text())
+        return {str(r["suite"]): float(r["seconds"]) for r in data}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+
+
+def schedule(suites: list[Suite], seconds: dict[str, float]) -> list[Suite]:
+    """Longest first (by the previous run's times; a suite without one first
+    of all): with a fixed number of workers, the run ends soonest."""
+    return sorted(suites, key=lambda s: -seconds.get(s.name, float("inf")))
+
+
+def run_plan(
+    suites: list[Suite],
+    jobs: int,
+    seconds: dict[str, float],
+    run_one: Callable[[Suite, int], Result],
+    on_done: Callable[[Result, int], None],
+) -> list[Result]:
+    """Run every suite, `jobs` at a time, each in the first free slot (0 ..
+    jobs-1); call on_done as each ends; return the results in plan order."""
+    slots: queue.Queue[int] = queue.Queue()
+    for i in range(jobs):
+        slots.put(i)
+
+    def one(s: Suite) -> Result:
+        slot = slots.get()
+        with _print_lock:
+            print(f"      started {s.name}{MODE_NOTES.get(s.mode, '')}", flush=True)
+        try:
+            return run_one(s, slot)
+        finally:
+            slots.put(slot)
+
+    done: dict[str, Result] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, s) for s in schedule(suites, seconds)]
+        for fut in as_completed(futures):
+            r = fut.result()
+            done[r.suite.name] = r
+            on_done(r, len(done))
+    return [done[s.name] for s in suites]
+
+
+def suite_env(s: Suite, hf_home: Path, vllm_cache: Path, slot: int, jobs: int) -> dict[str, str]:
+    env = test_env(dict(os.environ), hf_home, interpret=s.interpret, native=s.native)
+    if jobs > 1:  # suites running side by side do not share vLLM's cache folder
+        env["VLLM_CACHE_ROOT"] = str(vllm_cache / f"slot{slot}")
+    return env
+
+
+def report(r: Result, done: int, total: int, deselects: list[Deselect], jobs: int) -> None:
+    """The progress lines of one finished suite."""
+    s, c = r.suite, r.counts
+    lines = [
+        f"[{done}/{total}] {s.name}{MODE_NOTES.get(s.mode, '')}: "
+        f"{c['passed']} passed, {c['failed'] + c['errors']} failed, "
+        f"{c['skipped']} skipped, {c['deselected']} deselected in "
+        f"{r.seconds:.0f} s" + (f"  FAIL: {r.problem}" if r.problem else "")
+    ]
+    listed = [d.test for d in deselects if d.file in s.files]
+    if listed and c["deselected"] == 0 and r.rc in (0, 1):
+        lines.append(
+            f"      warning: the deselect list names {len(listed)} test(s) of this "
+            "suite but pytest deselected none: stale ids? fix ci/cpu-suite.toml"
         )
-    if built.get("version") != build.tree_version(stack, tree):
-        print(
-            f"note: the venv was built at {built.get('version')}; the tree has moved on "
-            "(sources are live, only the version string is stale: 'hybrid-stack build' "
-            "refreshes it)"
-        )
-    return py
+    lines += [f"        {line}" for line in r.failures[:20]]
+    if len(r.failures) > 20:
+        lines.append(f"        ... {len(r.failures) - 20} more in {r.log}")
+    if r.problem:
+        lines.append(f"      log: {r.log}")
+    with _print_lock:
+        print("\n".join(lines), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -516,11 +548,12 @@ def run(args: argparse.Namespace) -> int:
         print(format_deselects(config.deselects, suites))
         return 0
 
-    py = _check_venv(stack, venv, tree)
+    py = check_venv(stack, venv, tree)
     hf_home = stack.root / "work" / "hf-home"
     hfcache.materialize(hf_home)
     log_dir = stack.root / "work" / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
 
     if pytest_args:
         if args.suite:
@@ -547,31 +580,25 @@ def run(args: argparse.Namespace) -> int:
                     "ci/cpu-suite.toml or the entry's cpu_tests, or re-run apply"
                 )
 
-    results: list[Result] = []
-    for i, s in enumerate(suites, 1):
-        print(f"[{i}/{len(suites)}] {s.name}{MODE_NOTES.get(s.mode, '')} ...", flush=True)
-        env = test_env(dict(os.environ), hf_home, interpret=s.interpret, native=s.native)
-        r = run_suite(s, py, tree, env, config.deselects, log_dir, verbose=args.verbose)
-        results.append(r)
-        c = r.counts
-        print(
-            f"      {c['passed']} passed, {c['failed'] + c['errors']} failed, "
-            f"{c['skipped']} skipped, {c['deselected']} deselected in "
-            f"{r.seconds:.0f} s" + (f"  FAIL: {r.problem}" if r.problem else ""),
-            flush=True,
-        )
-        listed = [d.test for d in config.deselects if d.file in s.files]
-        if listed and c["deselected"] == 0 and r.rc in (0, 1):
-            print(
-                f"      warning: the deselect list names {len(listed)} test(s) of this "
-                "suite but pytest deselected none: stale ids? fix ci/cpu-suite.toml"
-            )
-        for line in r.failures[:20]:
-            print(f"        {line}")
-        if len(r.failures) > 20:
-            print(f"        ... {len(r.failures) - 20} more in {r.log}")
-        if r.problem:
-            print(f"      log: {r.log}")
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    if jobs < 1:
+        raise StackError(f"--jobs wants a number of suites at a time >= 1, not {jobs}")
+    vllm_cache = hf_home.parent / "vllm-cache"
+    results = run_plan(
+        suites,
+        jobs,
+        previous_seconds(log_dir / "summary.json"),
+        lambda s, slot: run_suite(
+            s,
+            py,
+            tree,
+            suite_env(s, hf_home, vllm_cache, slot, jobs),
+            config.deselects,
+            log_dir,
+            verbose=args.verbose,
+        ),
+        lambda r, done: report(r, done, len(suites), config.deselects, jobs),
+    )
 
     print()
     print(format_table(results))
@@ -602,6 +629,7 @@ def run(args: argparse.Namespace) -> int:
     # one plain closing line, the totals of every suite
     total = {k: sum(r.counts[k] for r in results) for k in ("passed", "failed", "errors")}
     skipped = sum(r.counts["skipped"] for r in results)
+    print(f"{len(results)} suites, {jobs} at a time, in {time.monotonic() - t_start:.0f} s")
     print(
         f"cpu-suite: {total['passed']} passed, {total['failed'] + total['errors']} failed, "
         f"{skipped} skipped"
