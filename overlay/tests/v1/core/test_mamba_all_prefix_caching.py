@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from vllm.utils.hashing import sha256
-from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
@@ -115,6 +114,8 @@ def _prefill(
             num_lookahead_tokens=num_lookahead_tokens,
         )
         assert new_blocks is not None
+        # As the scheduler does after a step's admissions.
+        manager.fill_checkpoint_slots()
         request.num_computed_tokens = end
         num_new_computed, new_computed_blocks = 0, None
         manager.new_step_starts()
@@ -219,10 +220,17 @@ def test_partial_sharing_between_running_requests() -> None:
     assert _prefill(manager, second, budget=4 * BLOCK_SIZE) == 5 * BLOCK_SIZE
     first_mamba = _mamba_blocks(manager, "first")
     second_mamba = _mamba_blocks(manager, "second")
-    # The hit block is the producer's state block at the same position, and
+    # The hit block is the state `first` wrote at that boundary: a cached
+    # block `first` itself no longer references (checkpoints are cache), and
     # the consumer continues in its own blocks from there.
-    assert second_mamba[4] is first_mamba[4]
-    assert all(b is not first_mamba[i] for i, b in enumerate(second_mamba) if i > 4)
+    assert first_mamba[4].is_null
+    assert second_mamba[4].block_hash is not None
+    assert second_mamba[4].block_hash_num_tokens == 5 * BLOCK_SIZE
+    assert all(
+        b.is_null or b is not first_mamba[i]
+        for i, b in enumerate(second_mamba)
+        if i > 4
+    )
 
 
 def test_eviction_under_memory_pressure() -> None:
@@ -236,10 +244,11 @@ def test_eviction_under_memory_pressure() -> None:
     # Freed states stay reusable until evicted.
     assert manager.get_computed_blocks(again)[1] == 8 * BLOCK_SIZE
 
-    # Two unrelated requests need every free block: `a`'s cache is evicted.
+    # Unrelated running requests need more than the blocks not cached for
+    # `a`: part of `a`'s cache is evicted.
     others = [
         make_request(f"o{i}", _prompt([], 8 * BLOCK_SIZE, 10 + i), BLOCK_SIZE, sha256)
-        for i in range(2)
+        for i in range(3)
     ]
     for other in others:
         _prefill(manager, other, budget=8 * BLOCK_SIZE)
@@ -285,6 +294,7 @@ def _decode_step(
         request, 1 + num_draft, num_lookahead_tokens=num_draft
     )
     assert new_blocks is not None
+    manager.fill_checkpoint_slots()
     slots = get_mamba_all_mode_state_slots(
         request.num_computed_tokens,
         1 + num_draft,
@@ -301,10 +311,13 @@ def _decode_step(
         *slots.spec_block_idxs,
     )
     for idx in written:
-        assert idx < len(row) and not row[idx].is_null
+        assert idx < len(row)
+        # A checkpoint slot may be left unwritten (null) when blocks are
+        # short; the live slots are always allocated.
+        assert not row[idx].is_null or idx in slots.checkpoint_block_idxs
         # Written slots are private to the request and hold no cached state
         # of another request.
-        assert row[idx].ref_cnt == 1
+        assert row[idx].is_null or row[idx].ref_cnt == 1
     assert slots.read_block_idx not in slots.spec_block_idxs
     assert slots.read_block_idx < 0 or not row[slots.read_block_idx].is_null
     # The verified token and `num_accepted` drafts are computed; they and the
@@ -420,7 +433,7 @@ def test_state_slots_properties(seed: int) -> None:
         assert len(slots.spec_block_idxs) == (num_draft if num_draft else 0)
 
 
-def test_max_memory_usage_counts_a_state_per_block() -> None:
+def test_max_memory_usage_is_not_more_than_align() -> None:
     spec = MambaSpec(
         block_size=BLOCK_SIZE,
         shapes=((4, 4),),
@@ -437,9 +450,9 @@ def test_max_memory_usage_counts_a_state_per_block() -> None:
         )
         return spec.max_memory_usage_bytes(vllm_config)  # type: ignore[arg-type]
 
-    blocks_all = usage("all") // spec.page_size_bytes
-    assert blocks_all == cdiv(max_model_len, BLOCK_SIZE) + 2
-    assert usage("all") > usage("align") > usage("none")
+    # Checkpoints are cache, not working set: a request needs no more than
+    # in align mode, whatever its length.
+    assert usage("none") < usage("all") <= usage("align")
 
 
 def test_manager_accepts_all_mode_with_caching() -> None:
