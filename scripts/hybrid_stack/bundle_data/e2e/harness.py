@@ -60,6 +60,13 @@ except ImportError:  # an unpacked bundle: bench/common.py beside e2e/
 
 MODELS = HERE / "models"
 BENCH = "e2e"
+# The series entries whose features a suite measures (their PR bodies quote
+# the rows); align-mode identity and TTFT measure upstream's align mode.
+SUITE_ENTRIES = {
+    "prefill": ("mamba2-ssd-fused-prefill", "mamba2-ssd-fused-prefill-sm90"),
+    "identity": (),
+    "ttft": (),
+}
 # Facts of a part that must agree for parts to be merged into one result.
 ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
 # Set before vLLM is imported: the engine core runs in this process (so the
@@ -509,6 +516,7 @@ def merge(out: Path) -> dict[str, Any]:
         **{k: env[k] for k in ("gpu", "torch", "triton", "vllm_base")},
         "command": " && ".join(p["command"] for p in parts),
         "rows": rows,
+        "entries": sorted({e for r in rows for e in SUITE_ENTRIES[r["suite"]]}),
         "gpu_name": env["gpu_name"],
         "cuda": env["cuda"],
         "created": max(p["created"] for p in parts),
