@@ -30,59 +30,25 @@ import math
 from typing import Any
 
 try:
-    from hybrid_stack.bench import common
+    from hybrid_stack.bench import common, gdn_prefill
 except ImportError:  # run as a script from an unpacked bundle
     import common  # type: ignore[no-redef]
+    import gdn_prefill  # type: ignore[no-redef]
 
 BENCH = "gdn_checkpoint"
-QK_HEADS, V_HEADS, HEAD_DIM = 16, 32, 128
+QK_HEADS, V_HEADS, HEAD_DIM = gdn_prefill.QK_HEADS, gdn_prefill.V_HEADS, gdn_prefill.HEAD_DIM
 CASES = ((1, 8192), (1, 32768), (4, 8192), (1, 131072))  # (sequences, tokens each)
 BLOCK_SIZES = (576, 2304)
 DEVICE = "cuda"
 
 
-class Inputs:
-    def __init__(self, seqs: int, seqlen: int, gen: Any) -> None:
-        import torch
-        import torch.nn.functional as F
-        from vllm.third_party.flash_linear_attention.ops.index import (
-            prepare_chunk_indices,
-            prepare_chunk_offsets,
-        )
-        from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
-
-        T = seqs * seqlen
-        dev, bf16 = DEVICE, torch.bfloat16
-
-        def randn(*shape: int) -> Any:
-            return torch.randn(*shape, device=dev, generator=gen)
-
-        self.q = F.normalize(randn(1, T, QK_HEADS, HEAD_DIM), dim=-1).to(bf16)
-        self.k = F.normalize(randn(1, T, QK_HEADS, HEAD_DIM), dim=-1).to(bf16)
-        self.v = randn(1, T, V_HEADS, HEAD_DIM).to(bf16)
-        self.g = F.logsigmoid(randn(1, T, V_HEADS) + 3.0)  # fp32, mostly near 0
-        self.beta = torch.sigmoid(randn(1, T, V_HEADS)).to(bf16)
-        self.h0 = randn(seqs, V_HEADS, HEAD_DIM, HEAD_DIM) * 0.1
-        self.cu_seqlens = torch.arange(0, T + 1, seqlen, device=dev, dtype=torch.int32)
-        self.chunk_indices = prepare_chunk_indices(self.cu_seqlens, FLA_CHUNK_SIZE)
-        self.chunk_offsets = prepare_chunk_offsets(self.cu_seqlens, FLA_CHUNK_SIZE)
+class Inputs(gdn_prefill.Inputs):
+    """gdn_prefill's inputs (same dims and distributions); ``run`` optionally
+    with the checkpoint export."""
 
     def run(self, fn: Any, checkpoints: Any = None) -> Any:
-        kwargs = {} if checkpoints is None else {"checkpoints": checkpoints}
-        return fn(
-            q=self.q,
-            k=self.k,
-            v=self.v,
-            g=self.g,
-            beta=self.beta,
-            initial_state=self.h0,
-            output_final_state=True,
-            cu_seqlens=self.cu_seqlens,
-            chunk_indices=self.chunk_indices,
-            chunk_offsets=self.chunk_offsets,
-            use_qk_l2norm_in_kernel=False,
-            **kwargs,
-        )
+        extra = {} if checkpoints is None else {"checkpoints": checkpoints}
+        return super().run(fn, **extra)
 
 
 def make_checkpoints(seqs: int, seqlen: int, block_size: int) -> tuple[Any, list[int]]:

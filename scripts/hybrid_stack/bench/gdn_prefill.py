@@ -51,7 +51,9 @@ class Inputs:
         self.chunk_indices = prepare_chunk_indices(self.cu_seqlens, FLA_CHUNK_SIZE)
         self.chunk_offsets = prepare_chunk_offsets(self.cu_seqlens, FLA_CHUNK_SIZE)
 
-    def run(self, fn: Any) -> Any:
+    def run(self, fn: Any, **extra: Any) -> Any:
+        """``fn`` called as the GDN layer calls the chunk prefill (``extra``:
+        further keyword arguments, e.g. the checkpoint export)."""
         return fn(
             q=self.q,
             k=self.k,
@@ -64,6 +66,7 @@ class Inputs:
             chunk_indices=self.chunk_indices,
             chunk_offsets=self.chunk_offsets,
             use_qk_l2norm_in_kernel=False,
+            **extra,
         )
 
 
