@@ -96,7 +96,7 @@ def _materialize(stack: Stack, source: str, tmp: Path) -> Path:
     """Put the base files into a fresh folder under tmp and return it."""
     pin = stack.pin
     if source == "sdist":
-        from hybrid_stack.fetch import fetch_artifact
+        from hybrid_stack.downloads import fetch_artifact
 
         tarball = fetch_artifact(stack, "sdist")
         print(f"apply: unpacking {tarball.name}")

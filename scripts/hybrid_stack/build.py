@@ -484,14 +484,9 @@ def resolve_wheel(stack: Stack, wheel: Path | None) -> Path:
         if not wheel.is_file():
             raise StackError(f"--wheel {wheel} does not exist")
         return wheel.absolute()
-    try:
-        from hybrid_stack import fetch
-    except ModuleNotFoundError:
-        raise StackError(
-            "the full profile needs the pinned wheel: pass --wheel PATH "
-            "(hybrid-stack fetch is not available)"
-        ) from None
-    return Path(fetch.fetch_artifact(stack, "wheel")).absolute()
+    from hybrid_stack.downloads import fetch_artifact
+
+    return Path(fetch_artifact(stack, "wheel")).absolute()
 
 
 # ---------------------------------------------------------------------------- run

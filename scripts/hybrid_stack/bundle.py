@@ -39,6 +39,7 @@ from pathlib import Path
 
 from hybrid_stack import stack as stack_mod
 from hybrid_stack.errors import StackError
+from hybrid_stack.gitops import Repo
 
 DEFAULT_NAME = "hybrid-stack-bundle"
 DEFAULT_MAX_MIB = 60.0
@@ -523,13 +524,8 @@ def add_e2e(plan: Plan, tree: Path) -> list[str]:
 
 
 def git_head(path: Path) -> str:
-    p = subprocess.run(
-        ["git", "-C", str(path), "rev-parse", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return p.stdout.strip() if p.returncode == 0 else ""
+    """HEAD of the repository at ``path``, or "" where there is none."""
+    return Repo(path).run("rev-parse", "HEAD", check=False) if path.is_dir() else ""
 
 
 def build_plan(

@@ -17,12 +17,11 @@ never went through apply) stops export instead: removing it would lose it.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from hybrid_stack.errors import StackError, first_few
 from hybrid_stack.gitops import Repo
-from hybrid_stack.stack import Stack, load_stack
+from hybrid_stack.stack import load_stack
 from hybrid_stack.workstate import (  # noqa: F401 - commit_entries, export_files: old home
     Files,
     commit_entries,
@@ -32,39 +31,9 @@ from hybrid_stack.workstate import (  # noqa: F401 - commit_entries, export_file
     files_digest,
     orphan_patches,
     read_state,
+    write_files,
     write_state,
 )
-
-
-def write_files(
-    stack: Stack,
-    files: Files,
-    now: Files,
-) -> list[str]:
-    """Make patches/ and overlay/ (holding `now`, current_files) equal to
-    `files`; return the paths changed."""
-    changed = []
-    for rel, content in files.items():
-        if now.get(rel) == content:
-            continue
-        path = stack.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, tuple):
-            mode, data = content
-            path.write_bytes(data)
-            os.chmod(path, 0o755 if mode == "100755" else 0o644)
-        else:
-            path.write_bytes(content)
-        changed.append(rel)
-    stale = [rel for rel in now if rel not in files] + orphan_patches(stack)
-    for rel in sorted(set(stale)):
-        (stack.root / rel).unlink()
-        changed.append(f"{rel} (removed)")
-        d = (stack.root / rel).parent
-        while d != stack.overlay_dir and d.is_dir() and not any(d.iterdir()):
-            d.rmdir()
-            d = d.parent
-    return changed
 
 
 def unkept_overlay(

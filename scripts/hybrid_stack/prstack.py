@@ -273,8 +273,8 @@ def _write_if_changed(path: Path, text: str) -> bool:
 
 def pr_stack(stack: Stack, work: Path, out: Path, push: str = "") -> list[tuple[str, str]]:
     """Branches and bodies; returns [(branch, commit)]."""
-    from hybrid_stack.apply import open_work
-    from hybrid_stack.export import commit_entries, current_files, export_files
+    from hybrid_stack.applier import open_work
+    from hybrid_stack.workstate import commit_entries, current_files, export_files
 
     repo = open_work(stack, work)
     if export_files(stack, work) != current_files(stack):

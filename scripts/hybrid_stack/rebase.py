@@ -120,7 +120,7 @@ def pin_text(old_text: str, old: Pin, new: Pin) -> str:
 
 def _announced(project: str, filename: str) -> tuple[str, str]:
     """(url, sha256) of a file on the first configured index that lists it."""
-    from hybrid_stack.fetch import find_file_url, pip_indexes
+    from hybrid_stack.downloads import find_file_url, pip_indexes
 
     errors = []
     for index in pip_indexes():
@@ -135,7 +135,7 @@ def fetch_target(stack: Stack, version: str, git_ref: str = "") -> Pin:
     """The pin for `version`: its sdist downloaded (or cached) and verified
     against the sha256 the index announces; the wheel named like the pinned
     one, with its announced sha256, where the index lists it."""
-    from hybrid_stack.fetch import dist_dir, download, sha256_file
+    from hybrid_stack.downloads import dist_dir, download, sha256_file
 
     old = stack.pin
     filename = f"{old.project}-{version}.tar.gz"
@@ -269,16 +269,7 @@ def _conflict_regions(work: Path, files: list[str]) -> list[str]:
 
 def _failed_hunks(repo: Repo, patch: Path) -> list[str]:
     """The patch hunks that do not apply as they are (git apply -v, no 3-way)."""
-    import subprocess
-
-    proc = subprocess.run(
-        ["git", "-c", "safe.directory=*", "apply", "--check", "--verbose", "--cached", str(patch)],
-        cwd=repo.path,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "LC_ALL": "C"},
-    )
+    _, _, stderr = repo.status("apply", "--check", "--verbose", "--cached", str(patch))
     heads: dict[tuple[str, int], str] = {}
     current = ""
     for line in patch.read_text(errors="replace").splitlines():
@@ -287,7 +278,7 @@ def _failed_hunks(repo: Repo, patch: Path) -> list[str]:
         elif line.startswith("@@ ") and current and (m := re.match(r"@@ -(\d+)", line)):
             heads[(current, int(m.group(1)))] = line.split(" @@")[0] + " @@"
     out = []
-    for line in proc.stderr.splitlines():
+    for line in stderr.splitlines():
         m = re.match(r"^error: patch failed: (.+):(\d+)$", line.strip())
         if m:
             f, at = m.group(1), int(m.group(2))
@@ -617,7 +608,7 @@ def _restore_files(stack: Stack) -> None:
 
 def _fetch_base(stack: Stack, repo: Repo, new: Pin, source: str) -> str:
     """Bring the new base commit (and its tag) into the work tree; return it."""
-    from hybrid_stack.apply import ensure_base
+    from hybrid_stack.applier import ensure_base
 
     base_dir = ensure_base(Stack(root=stack.root, pin=new, entries=stack.entries), source)
     repo.run(
@@ -628,7 +619,7 @@ def _fetch_base(stack: Stack, repo: Repo, new: Pin, source: str) -> str:
 
 def _move_outputs(project: str, src: Path, dest: Path) -> None:
     """Replace the setuptools build outputs (untracked, ignored) in dest by src's."""
-    from hybrid_stack.apply import build_outputs
+    from hybrid_stack.applier import build_outputs
 
     for out in build_outputs(project):
         p, q = dest / out, src / out
@@ -644,7 +635,7 @@ def _move_outputs(project: str, src: Path, dest: Path) -> None:
 
 
 def _copy_outputs(stack: Stack, pin: Pin, source: str, work: Path) -> None:
-    from hybrid_stack.apply import ensure_base
+    from hybrid_stack.applier import ensure_base
 
     s = Stack(root=stack.root, pin=pin, entries=stack.entries)
     _move_outputs(pin.project, ensure_base(s, source), work)
@@ -719,9 +710,9 @@ def _series_mark_upstreamed(stack: Stack, names: list[str], release: str) -> Non
 
 def _finish(stack: Stack, state: dict) -> int:
     """Export, rebuild canonically, write the report, then move the pin (last)."""
-    from hybrid_stack.apply import _write_state, apply
-    from hybrid_stack.export import current_files, export_files, write_files
+    from hybrid_stack.applier import _write_state, apply
     from hybrid_stack.stack import load_pin
+    from hybrid_stack.workstate import current_files, export_files, write_files
 
     work = Path(state["work"])
     repo = Repo(work)
@@ -796,8 +787,8 @@ def _shown(path: Path, root: Path) -> str:
 
 
 def start(args: argparse.Namespace) -> int:
-    from hybrid_stack.apply import _read_state, apply
-    from hybrid_stack.export import current_files, export_files
+    from hybrid_stack.applier import _read_state, apply
+    from hybrid_stack.workstate import current_files, export_files
 
     stack = load_stack(args.root)
     if load_state(stack):
@@ -817,7 +808,7 @@ def start(args: argparse.Namespace) -> int:
     if not (work.exists() and any(work.iterdir())):
         print(f"rebase: no work tree at {work}; applying the series on {stack.pin.tag} first")
         apply(stack, work)
-    from hybrid_stack.apply import open_work
+    from hybrid_stack.applier import open_work
 
     repo = open_work(stack, work)
     if export_files(stack, work) != current_files(stack):
@@ -997,7 +988,7 @@ def cont(args: argparse.Namespace) -> int:
 
 
 def abort(args: argparse.Namespace) -> int:
-    from hybrid_stack.apply import _write_state
+    from hybrid_stack.applier import _write_state
     from hybrid_stack.stack import load_pin
 
     stack = load_stack(args.root, check_files=False)

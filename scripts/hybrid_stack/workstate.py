@@ -205,3 +205,34 @@ def export_files(stack: Stack, work: Path) -> Files:
         for p, blob in overlay.items():
             files[f"overlay/{p}"] = blob
     return files
+
+
+def write_files(
+    stack: Stack,
+    files: Files,
+    now: Files,
+) -> list[str]:
+    """Make patches/ and overlay/ (holding `now`, current_files) equal to
+    `files`; return the paths changed."""
+    changed = []
+    for rel, content in files.items():
+        if now.get(rel) == content:
+            continue
+        path = stack.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, tuple):
+            mode, data = content
+            path.write_bytes(data)
+            os.chmod(path, 0o755 if mode == "100755" else 0o644)
+        else:
+            path.write_bytes(content)
+        changed.append(rel)
+    stale = [rel for rel in now if rel not in files] + orphan_patches(stack)
+    for rel in sorted(set(stale)):
+        (stack.root / rel).unlink()
+        changed.append(f"{rel} (removed)")
+        d = (stack.root / rel).parent
+        while d != stack.overlay_dir and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+    return changed

@@ -220,6 +220,7 @@ def test_merge_writes_one_result_in_the_common_schema(tmp_path):
     row = common.make_row(
         {"model": "a", "tokens": 16, "seqs": 1}, "prefill_tok_per_s", 2.0, 3.0, 8.0, 5.3
     )
+    row["suite"] = "prefill"
     row2 = dict(row, case={"model": "b", "tokens": 16, "seqs": 1})
     for name, r in (("a", row), ("b", row2)):
         (tmp_path / f"e2e-part-{name}.json").write_text(json.dumps(part(name, "2.11", [r])))
@@ -229,6 +230,7 @@ def test_merge_writes_one_result_in_the_common_schema(tmp_path):
     assert [r["case"]["model"] for r in result["rows"]] == ["a", "b"]
     assert result["command"].split(" && ") == [part(m, "", [])["command"] for m in "ab"]
     assert result["shared_gpu"] == ["b"] and result["notes"] == ["n1"]
+    assert result["entries"] == sorted(harness.SUITE_ENTRIES["prefill"])
     md = (tmp_path / "e2e-h200.md").read_text()
     assert "| a | 16 | 1 | 2 | 3 | 1.500x |" in md and "note: n1" in md
 
