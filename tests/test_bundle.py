@@ -9,6 +9,7 @@ work/vllm is absent (CI applies the stack first).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -127,10 +128,14 @@ def test_bundle_holds_sources_tests_benches_wheels(built: Path, wheel_dir: Path)
     version = load_stack(ROOT).pin.version
     assert f"src/vllm-{version}.dist-info/METADATA" in files
     assert {f"wheels/{w.name}" for w in wheel_dir.glob("*.whl")} <= files
-    assert {f"bench/{b}.py" for b in bundle.BENCHES} | {"bench/common.py"} <= files
+    names = bundle.benches(load_stack(ROOT))
+    # the entries name their benchmarks (series.toml benches), the base ones are added
+    assert set(bundle.BASE_BENCHES) < set(names)
+    assert {b for e in load_stack(ROOT).entries for b in e.benches} <= set(names)
+    assert {f"bench/{b}.py" for b in names} | {"bench/common.py"} <= files
     manifest = json.loads((built / "manifest.json").read_text())
     assert manifest["vllm_version"] == version
-    assert set(manifest["benches"]) == set(bundle.BENCHES)
+    assert manifest["benches"] == names
     # every selected test file (upstream and series gpu_tests) is in the bundle
     for name, ids in manifest["selections"].items():
         for tid in ids:
@@ -198,6 +203,14 @@ def test_out_that_cannot_be_written_is_one_line(
     assert rc == 2 and len(err.splitlines()) == 1
     assert "cannot write the bundle to" in err and "writable folder" in err
     assert blocker.read_text() == "not a folder"
+
+
+def test_an_entrys_unknown_benchmark_is_refused():
+    stack = load_stack(ROOT)
+    first = stack.entries[0]
+    stack.entries[0] = dataclasses.replace(first, benches=(*first.benches, "no_such_bench"))
+    with pytest.raises(StackError, match="no benchmark script no_such_bench"):
+        bundle.benches(stack)
 
 
 # --- wheels ---------------------------------------------------------------------

@@ -47,7 +47,22 @@ DEFAULT_PYTHON = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_31_x86_64"
 DATA_DIR = Path(__file__).parent / "bundle_data"
 BENCH_DIR = Path(__file__).parent / "bench"
-BENCHES = ("state_copy", "ssd_prefill", "gdn_prefill", "gdn_checkpoint")
+# Benchmarks of upstream kernels the stack carries nothing for (yet); the
+# entries name their own (`benches` in series.toml).
+BASE_BENCHES = ("gdn_prefill",)
+
+
+def benches(stack: stack_mod.Stack) -> list[str]:
+    """The bundle's benchmarks: the base ones and every entry's, in that order."""
+    names = [*BASE_BENCHES, *(b for e in stack.entries for b in e.benches)]
+    missing = sorted(b for b in names if not (BENCH_DIR / f"{b}.py").is_file())
+    if missing:
+        raise StackError(
+            f"no benchmark script {', '.join(missing)} in {BENCH_DIR}: fix the entries' "
+            "benches in series.toml"
+        )
+    return list(dict.fromkeys(names))
+
 
 # Pure-Python (or self-contained binary) deps that vLLM 0.33.0 imports and a plain
 # torch+triton GPU image lacks, pinned to a set known to work together (pydantic
@@ -537,7 +552,8 @@ def build_plan(
     e2e_models = add_e2e(plan, tree)
     for name, ids in E2E_SELECTIONS.items():
         selections[name] = ids
-    for b in ("__init__", "common", *BENCHES):
+    names = benches(stack)
+    for b in ("__init__", "common", *names):
         plan.add(f"bench/{b}.py", BENCH_DIR / f"{b}.py")
     for w in wheels:
         plan.add(f"wheels/{w.path.name}", w.path)
@@ -551,7 +567,7 @@ def build_plan(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "stack": {"root": git_head(stack.root), "tree": git_head(tree)},
         "selections": selections,
-        "benches": list(BENCHES),
+        "benches": names,
         "e2e_models": e2e_models,
         "serial_selections": sorted(E2E_SELECTIONS),
         "wheels": [w.path.name for w in wheels],

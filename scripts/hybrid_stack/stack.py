@@ -36,6 +36,7 @@ ENTRY_KEYS = {
     "cpu_tests",
     "gpu_tests",
     "kernel_cases",
+    "benches",
 }
 TRAILER_ENTRY = "Stack-Entry"
 
@@ -82,6 +83,8 @@ class Entry:
     # a Python file of the stack (stack-relative) with the entry's cases for
     # `hybrid-stack kernel-stats` (see kstats_probe)
     kernel_cases: str = ""
+    # the GPU bundle's benchmarks that measure the entry (scripts/hybrid_stack/bench/<name>.py)
+    benches: tuple[str, ...] = ()
 
     @property
     def carried(self) -> bool:
@@ -251,6 +254,7 @@ def parse_entry(path: Path, i: int, raw: object) -> Entry:
         cpu_tests=_str_list(f"{where}: cpu_tests", raw.get("cpu_tests", [])),
         gpu_tests=_str_list(f"{where}: gpu_tests", raw.get("gpu_tests", [])),
         kernel_cases=kernel_cases,
+        benches=_str_list(f"{where}: benches", raw.get("benches", [])),
     )
 
 
