@@ -158,6 +158,40 @@ def _load_rows(base, rows, mask_rows, cols, mask_cols, stride_row, stride_col):
 
 
 @triton.jit
+def _store_final_state(
+    v,
+    seq,
+    h,
+    offs_p,
+    offs_n,
+    state_mask,
+    final_ptr,
+    final_idx_ptr,
+    stride_final_s,
+    stride_final_h,
+    stride_final_p,
+    stride_final_n,
+    stride_final_idx,
+    FINAL_HAS_INDICES: tl.constexpr,
+):
+    """Store v (head h, this program's slice) as sequence seq's final state:
+    into the slot final_idx[seq] names, or slot seq without indices."""
+    if FINAL_HAS_INDICES:
+        slot = tl.load(final_idx_ptr + seq * stride_final_idx).to(tl.int64)
+    else:
+        slot = seq.to(tl.int64)
+    tl.store(
+        final_ptr
+        + slot * stride_final_s
+        + h * stride_final_h
+        + offs_p[:, None] * stride_final_p
+        + offs_n[None, :] * stride_final_n,
+        v.to(final_ptr.dtype.element_ty),
+        mask=state_mask,
+    )
+
+
+@triton.jit
 def _write_empty_finals(
     s_lo,
     s_hi,
@@ -196,19 +230,11 @@ def _write_empty_finals(
             )
         else:
             v = tl.where(state_mask, 0.0, 0.0)
-        if FINAL_HAS_INDICES:
-            slot = tl.load(final_idx_ptr + s * stride_final_idx).to(tl.int64)
-        else:
-            slot = s64
-        tl.store(
-            final_ptr
-            + slot * stride_final_s
-            + h * stride_final_h
-            + offs_p[:, None] * stride_final_p
-            + offs_n[None, :] * stride_final_n,
-            v.to(final_ptr.dtype.element_ty),
-            mask=state_mask,
-        )
+        _store_final_state(
+            v, s64, h, offs_p, offs_n, state_mask, final_ptr, final_idx_ptr,
+            stride_final_s, stride_final_h, stride_final_p, stride_final_n,
+            stride_final_idx, FINAL_HAS_INDICES,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -422,19 +448,11 @@ def _ssd_fused_varlen_kernel(
     s_end = fast_exp(dA_tot) * s_prev + s_loc
     if is_last:
         if WRITE_FINAL:
-            if FINAL_HAS_INDICES:
-                slot = tl.load(final_idx_ptr + seq * stride_final_idx).to(tl.int64)
-            else:
-                slot = seq.to(tl.int64)
-            tl.store(
-                final_ptr
-                + slot * stride_final_s
-                + h * stride_final_h
-                + offs_p[:, None] * stride_final_p
-                + offs_n[None, :] * stride_final_n,
-                s_end.to(final_ptr.dtype.element_ty),
-                mask=state_mask,
-            )
+            _store_final_state(
+                s_end, seq, h, offs_p, offs_n, state_mask, final_ptr,
+                final_idx_ptr, stride_final_s, stride_final_h, stride_final_p,
+                stride_final_n, stride_final_idx, FINAL_HAS_INDICES,
+            )  # fmt: skip
             # Empty sequences have no chunks (last_chunk_indices == -1): the
             # last chunk of sequence seq writes the final states of those
             # between seq and the next chunk's sequence (the batch's end
