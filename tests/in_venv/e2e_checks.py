@@ -242,6 +242,25 @@ def test_merge_refuses_parts_of_other_software(tmp_path):
         harness.merge(tmp_path)
 
 
+def test_counters_sum_every_series_of_a_metric():
+    class Metric:
+        def __init__(self, name: str, value: float) -> None:
+            self.name, self.value = name, value
+
+    class FakeLLM:
+        def get_metrics(self):
+            return [
+                Metric("vllm:spec_decode_num_draft_tokens", 40),
+                Metric("vllm:spec_decode_num_draft_tokens", 29),  # another label set
+                Metric("vllm:prefix_cache_hits", 7),
+                Metric("vllm:num_requests_running", 3),  # not one of ours
+            ]
+
+    runner = harness.Runner.__new__(harness.Runner)
+    runner.llm = FakeLLM()
+    assert runner.counters() == {"spec_decode_num_draft_tokens": 69.0, "prefix_cache_hits": 7.0}
+
+
 def test_plans_name_existing_models_and_suites():
     models = {p.name for p in harness.MODELS.iterdir()}
     assert set(harness.PLANS) == models

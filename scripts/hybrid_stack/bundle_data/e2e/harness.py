@@ -276,7 +276,8 @@ class Runner:
         out: dict[str, float] = {}
         for m in self.llm.get_metrics():
             if m.name in want and hasattr(m, "value"):
-                out[m.name.split(":", 1)[1]] = out.get(m.name, 0.0) + float(m.value)
+                key = m.name.split(":", 1)[1]
+                out[key] = out.get(key, 0.0) + float(m.value)
         return out
 
     def close(self) -> None:
