@@ -27,7 +27,8 @@ process):
               whole-model prefill throughput (``prefill_tok_per_s``), the prompt
               logprobs of one prompt and a greedy continuation compared
               (``identical``, with the largest logprob difference and the first
-              diverging token).
+              diverging token): fused against chain, and each against a float32
+              engine of the same weights (the chain's own error is the yardstick).
 
 Each process writes ``<out>/e2e-part-<model>.json``; ``--merge`` joins the parts
 into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common results schema).
@@ -85,6 +86,8 @@ ENGINE_ENV = {
 MODES = ("none", "align", "all")
 OUTPUT_TOKENS = 24
 WEIGHT_SEED = 1234
+# Parameters Mamba2 / GDN layers keep in float32 in a bfloat16 model.
+FLOAT32_LEAVES = ("A", "A_log")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class Engine:
     # Each rank redraws its own shard from the seed, so engines of one
     # tensor-parallel size share weights; across sizes they differ.
     tensor_parallel_size: int = 1
+    # None: the model's own dtype; "float32" for the prefill suite's reference
+    dtype: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -124,6 +129,8 @@ class Engine:
             "disable_log_stats": False,
             "enable_prefix_caching": self.mode != "none",
         }
+        if self.dtype:
+            kw["dtype"] = self.dtype
         if self.kv_cache_gib:
             kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
         if self.mode != "none":
@@ -145,6 +152,8 @@ class Engine:
         parts = [self.model, self.mode, f"mtp{self.mtp_k}"]
         if self.ssd_prefill:
             parts.append(self.ssd_prefill)
+        if self.dtype:
+            parts.append(self.dtype)
         return "/".join(parts)
 
 
@@ -154,9 +163,14 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
     Matrices get N(0, 1/fan_in) (embeddings and the LM head N(0, 16/hidden), so
     logits have a standard deviation of about 4 and greedy choices are not
     near-ties); norm scales 1, other vectors (biases) 0; Mamba2 / GDN decay parameters
-    as their models initialise them (A in [1, 16], dt in [1e-3, 1e-1]), which
+    as their models initialise them (-A in [1, 16], dt in [1e-3, 1e-1]; Mamba2
+    holds A itself, GDN its log), which
     gives some heads a memory of hundreds of tokens. Parameters are visited in
-    name order, so equal configs get equal weights. Returns the count.
+    name order, so equal configs get equal weights. Values are rounded to the
+    bfloat16 grid except the decay parameters (which the models keep in
+    float32), so a float32 engine of a bfloat16 model's config holds the same
+    weights: the reference the prefill suite measures errors against. Returns
+    the count.
     """
     import torch
 
@@ -170,6 +184,8 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
         rand = torch.rand(data.shape, generator=gen, device=data.device, dtype=torch.float32)
         if leaf == "A_log":
             new = torch.log(1.0 + 15.0 * rand)
+        elif leaf == "A":  # Mamba2 keeps A = -exp(A_log) itself
+            new = -(1.0 + 15.0 * rand)
         elif leaf == "dt_bias":
             dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand)
             new = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
@@ -183,6 +199,8 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
             fan_in = data.shape[-1] if data.dim() == 2 else math.prod(data.shape[1:])
             scale = 4.0 if ("embed" in name or "lm_head" in name) else 1.0
             new = normal * (scale / math.sqrt(fan_in))
+        if leaf not in FLOAT32_LEAVES:
+            new = new.to(torch.bfloat16)
         data.copy_(new.to(data.dtype))
         count += 1
     return count
@@ -401,19 +419,36 @@ def suite_ttft(
     return rows
 
 
+CHECK_TOKENS = 2100
+
+
 def suite_prefill(
-    base: Engine, tokens: list[int], seqs: list[int], reps: int, failures: list
+    base: Engine,
+    tokens: list[int],
+    seqs: list[int],
+    reps: int,
+    failures: list,
+    reference: bool = True,
 ) -> list[dict[str, Any]]:
-    """chain vs fused SSD prefill: throughput, prompt logprobs, continuation."""
+    """chain vs fused SSD prefill: throughput, prompt logprobs, continuation.
+
+    With ``reference``, a float32 engine of the same weights (the chain) serves
+    the check prompt too, and each bfloat16 form's prompt logprobs and greedy
+    tokens are compared with it: the chain's own error is the yardstick for
+    the fused kernel's."""
     times: dict[str, dict[tuple[int, int], list[float]]] = {}
     checks: dict[str, Served] = {}
-    for impl in ("chain", "fused"):
-        spec = replace(base, ssd_prefill=impl, max_model_len=max(tokens) + 64)
+    forms = [("chain", None), ("fused", None)] + ([("chain", "float32")] if reference else [])
+    for impl, dtype in forms:
+        spec = replace(base, ssd_prefill=impl, dtype=dtype, max_model_len=max(tokens) + 64)
         with engine(spec, failures) as run:
             if run is None:
                 continue
+            key = f"{impl}-{dtype}" if dtype else impl
             rng = random.Random(3000)
-            checks[impl] = run.serve([prompt(rng, 2100, run.vocab)], 32, prompt_logprobs=True)[0]
+            checks[key] = run.serve([prompt(rng, CHECK_TOKENS, run.vocab)], 32, True)[0]
+            if dtype:
+                continue  # the reference is not timed
             run.serve([prompt(rng, 1024, run.vocab)], 1)
             times[impl] = {}
             for n in tokens:
@@ -440,23 +475,28 @@ def suite_prefill(
                     reps=reps,
                 )
             )
-    if len(checks) == 2:
-        c, f = checks["chain"], checks["fused"]
-        diffs = [abs(x - y) for x, y in zip(c.logprobs, f.logprobs)]
-        row = common.make_row(
-            {"model": base.model, "mode": "none", "mtp_k": 0, "scenario": "fused-vs-chain"},
-            "identical",
-            1.0,
-            1.0 if c.tokens == f.tokens else 0.0,
-            c.ms,
-            f.ms,
-            first_divergence=first_divergence(f.tokens, c.tokens),
-            prompt_tokens=2100,
-            max_abs_logprob_diff=max(diffs) if diffs else math.nan,
-            mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
-        )
-        rows.append(row)
+    pairs = [("fused", "chain"), ("chain", "chain-float32"), ("fused", "chain-float32")]
+    for got, ref in pairs:
+        if got in checks and ref in checks:
+            rows.append(logprob_row(base.model, f"{got}-vs-{ref}", checks[got], checks[ref]))
     return rows
+
+
+def logprob_row(model: str, scenario: str, got: Served, ref: Served) -> dict[str, Any]:
+    """Greedy tokens and prompt logprobs of ``got`` against ``ref``."""
+    diffs = [abs(x - y) for x, y in zip(got.logprobs, ref.logprobs)]
+    return common.make_row(
+        {"model": model, "mode": "none", "mtp_k": 0, "scenario": scenario},
+        "identical",
+        1.0,
+        1.0 if got.tokens == ref.tokens else 0.0,
+        ref.ms,
+        got.ms,
+        first_divergence=first_divergence(got.tokens, ref.tokens),
+        prompt_tokens=CHECK_TOKENS,
+        max_abs_logprob_diff=max(diffs) if diffs else math.nan,
+        mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
+    )
 
 
 # The default plan of each model: suite -> arguments.
@@ -536,10 +576,10 @@ def merge(out: Path) -> dict[str, Any]:
         "legend": (
             "`prefill_tok_per_s`: baseline = chain (upstream SSD kernels), value = "
             "fused; higher is better. `identical`: value 1 when the greedy tokens "
-            "equal the reference's (prefix caching off, or the chain for "
-            "fused-vs-chain), baseline 1. `ttft_ms`: baseline = cold, value = warm, "
-            "lower is better. Times are wall-clock per generate() call (medians "
-            "where reps > 1)."
+            "equal the reference's (prefix caching off; for X-vs-Y, Y: the chain, or "
+            "the chain in a float32 engine of the same weights), baseline 1. "
+            "`ttft_ms`: baseline = cold, value = warm, lower is better. Times are "
+            "wall-clock per generate() call (medians where reps > 1)."
         ),
     }
     return result
@@ -582,7 +622,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         ],
     ),
     "identical": (
-        "Greedy tokens against the reference (prefix caching off; for fused-vs-chain, the chain)",
+        "Greedy tokens against the reference (prefix caching off; for X-vs-Y, Y)",
         [
             ("model", lambda r: r["case"]["model"]),
             ("mode", lambda r: r["case"]["mode"]),
