@@ -55,7 +55,9 @@ def fake_triton(dest: Path, version: str = "9.9.0", seed: int = 0) -> Path:
         zf.writestr(ptxas, "#!/bin/sh\necho ptxas\n")
         zf.writestr("triton/_C/libproton.so", b"\x7fELF proton")
         zf.writestr("triton/backends/nvidia/lib/cupti/libcupti.so", b"\x7fELF cupti")
-        zf.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: triton\nVersion: {version}\n")
+        zf.writestr(
+            f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: triton\nVersion: {version}\n"
+        )
         zf.writestr(f"{dist}/RECORD", "triton/__init__.py,,\n")
     return path
 

@@ -6,6 +6,7 @@ nor a network. The bundle is one tarball holding:
 
   run.py                the runner (stdlib only; see bundle_data/run.py)
   hybrid_stack_shard.py its pytest plugin for run.py --shard I/N
+  hybrid_stack_failnow.py  its pytest plugin printing each failure when it happens
   manifest.json         selections (quick, full, one per series entry), benches,
                         wheels, the vLLM version and where the bundle came from
   src/vllm/             the applied tree's Python sources (no compiled modules),
@@ -573,6 +574,7 @@ def build_plan(
         plan.add(f"wheels/{w.path.name}", w.path)
     plan.add("run.py", DATA_DIR / "run.py")
     plan.add("hybrid_stack_shard.py", DATA_DIR / "hybrid_stack_shard.py")
+    plan.add("hybrid_stack_failnow.py", DATA_DIR / "hybrid_stack_failnow.py")
     plan.add("pytest.ini", b"[pytest]\n# rootdir of the hybrid-stack GPU bundle\n")
     manifest = {
         "name": name,

@@ -444,6 +444,7 @@ def run_tests(
     # -v: a line per finished test, so a run stopped by --timeout still tells
     # what finished (parse_log); -q's progress dots have no newline to stream
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfEs"]
+    cmd += ["-p", "hybrid_stack_failnow"]
     cmd.append("--continue-on-collection-errors")
     cmd += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
     if shard:
