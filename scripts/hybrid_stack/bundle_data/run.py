@@ -522,10 +522,12 @@ def run_e2e(
             {"model": model, "rc": rc, "seconds": round(time.monotonic() - start, 1)}
         )
         res["rc"] = res["rc"] or rc
-    merge = [sys.executable, str(harness), "--merge", "--out", str(args.out)]
+    # A named plan (--e2e-arg=--plan=allmode) names the result too.
+    plans = [a for a in args.e2e_arg if a.startswith("--plan=")]
+    merge = [sys.executable, str(harness), "--merge", "--out", str(args.out), *plans]
     res["merge_rc"] = tee(merge, eenv, args.out / "e2e-merge.log", args.timeout)
     found = sorted(args.out.glob("e2e-*.json"))
-    found = [f for f in found if not f.name.startswith("e2e-part-")]
+    found = [f for f in found if "-part-" not in f.name]
     if found:
         res["json"] = str(found[-1])
     return res

@@ -30,6 +30,12 @@ process):
               diverging token): fused against chain, and each against a float32
               engine of the same weights (the chain's own error is the yardstick).
 
+``allmode``   mamba_cache_mode="all" against align and prefix caching off: per
+              MTP k and prefix length, ``identical`` (same prompt twice, a
+              prompt sharing only the prefix), ``ttft_ms`` and
+              ``decode_tok_per_s`` (baseline align, value all). Run by the
+              named plan ``--plan allmode`` (result ``e2e-allmode-<gpu>``).
+
 Each process writes ``<out>/e2e-part-<model>.json``; ``--merge`` joins the parts
 into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common results schema).
 """
@@ -67,6 +73,7 @@ SUITE_ENTRIES = {
     "prefill": ("mamba2-ssd-fused-prefill", "mamba2-ssd-fused-prefill-sm90"),
     "identity": (),
     "ttft": (),
+    "allmode": ("gdn-all-mode-runner", "gdn-all-mode-layer"),
 }
 # Facts of a part that must agree for parts to be merged into one result.
 ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
@@ -419,6 +426,91 @@ def suite_ttft(
     return rows
 
 
+def suite_allmode(
+    base: Engine,
+    modes: list[str],
+    ks: list[int],
+    prefixes: list[int],
+    question: int,
+    decode_tokens: int,
+    failures: list,
+) -> list[dict[str, Any]]:
+    """The all-mode matrix: per MTP k, one engine per mode (``none`` is the
+    reference, prefix caching off). For each prefix length: a prompt of
+    prefix + question served cold, the same prompt again, and a prompt
+    sharing only the prefix (``identical`` against the reference, with the
+    cached tokens the engine reports); cold against warm time to first token
+    on a fresh prefix (``ttft_ms``); and decode throughput of one request
+    (``decode_tok_per_s``, baseline = align, value = all)."""
+    rows: list[dict[str, Any]] = []
+    for k in ks:
+        refs: dict[int, tuple[Served, Served]] = {}
+        decode: dict[str, tuple[float, float]] = {}
+        for mode in modes:
+            spec = replace(base, mode=mode, mtp_k=k)
+            with engine(spec, failures) as run:
+                if run is None:
+                    continue
+                bs = run.block_size
+                run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
+                for n in prefixes:
+                    rng = random.Random(3000 + n)
+                    a = prompt(rng, n + question, run.vocab)
+                    b = a[:n] + prompt(rng, question, run.vocab)
+                    cold, warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, a, b))
+                    if mode == "none":
+                        refs[n] = (cold, part)
+                        continue
+                    if n not in refs:
+                        continue  # the reference engine failed
+                    ref_a, ref_b = refs[n]
+                    acc = run.counters()
+                    got = [
+                        identity_row(spec, "cold", cold, ref_a, 0, bs),
+                        identity_row(
+                            spec, "same-twice", warm, ref_a, (n + question - 1) // bs * bs, bs
+                        ),
+                        identity_row(spec, "shared-prefix", part, ref_b, n // bs * bs, bs),
+                    ]
+                    shared = prompt(rng, n, run.vocab)
+                    t_cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+                    t_warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+                    got.append(
+                        common.make_row(
+                            {"model": base.model, "mode": mode, "mtp_k": k, "prefix_tokens": n},
+                            "ttft_ms",
+                            t_cold.ms,
+                            t_warm.ms,
+                            t_cold.ms,
+                            t_warm.ms,
+                            question_tokens=question,
+                            cached_tokens=t_warm.cached,
+                            ideal_cached_tokens=n // bs * bs,
+                            block_size=bs,
+                        )
+                    )
+                    for r in got:
+                        r["prompt_tokens"] = n + question
+                        r["prefix_tokens"] = n
+                        r.update({f"engine_{c}": v for c, v in acc.items()})
+                    rows += got
+                out = run.serve([prompt(random.Random(4000 + k), 64, run.vocab)], decode_tokens)[0]
+                decode[mode] = (len(out.tokens) / (out.ms / 1e3), out.ms)
+        if "align" in decode and "all" in decode:
+            (align_tps, align_ms), (all_tps, all_ms) = decode["align"], decode["all"]
+            rows.append(
+                common.make_row(
+                    {"model": base.model, "mtp_k": k, "decode_tokens": decode_tokens},
+                    "decode_tok_per_s",
+                    align_tps,
+                    all_tps,
+                    align_ms,
+                    all_ms,
+                )
+            )
+    return rows
+
+
 CHECK_TOKENS = 2100
 # GPU share of the prefill suite's float32 reference engine (see suite_prefill)
 REFERENCE_GPU_SHARE = 0.6
@@ -522,7 +614,32 @@ PLANS: dict[str, dict[str, dict[str, Any]]] = {
         "prefill": {"tokens": [16384], "seqs": [1], "reps": 3},
     },
 }
-SUITES = {"identity": suite_identity, "ttft": suite_ttft, "prefill": suite_prefill}
+SUITES = {
+    "identity": suite_identity,
+    "ttft": suite_ttft,
+    "prefill": suite_prefill,
+    "allmode": suite_allmode,
+}
+# Named plans beside each model's default one (``--plan NAME``), each written
+# to ``<out>/<bench>-<gpu>.json``. "allmode": mamba_cache_mode none / align /
+# all, MTP off and k = 1..3, prefixes that are not multiples of the engines'
+# block sizes, and the 32k warm / cold time to first token in all mode.
+ALLMODE_MATRIX = {
+    "modes": ["none", "align", "all"],
+    "ks": [0, 1, 2, 3],
+    "prefixes": [1072, 2000, 2144],
+    "question": 200,
+    "decode_tokens": 256,
+}
+NAMED_PLANS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
+    "allmode": {
+        "tiny-qwen3.5": {"allmode": ALLMODE_MATRIX},
+        "qwen3.5-9b-like": {
+            "allmode": ALLMODE_MATRIX,
+            "ttft": {"mode": "all", "ks": [0, 3], "prefixes": [32768], "question": 200},
+        },
+    },
+}
 
 
 def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -543,13 +660,18 @@ def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"model": base.model, "rows": rows, "failures": failures, "compiled_ops": dict(COUNTS)}
 
 
-def merge(out: Path) -> dict[str, Any]:
+def bench_name(plan_name: str | None) -> str:
+    """The result's name: ``e2e``, or ``e2e-<plan>`` for a named plan."""
+    return BENCH if plan_name is None else f"{BENCH}-{plan_name}"
+
+
+def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
     """One result (the common schema) from the parts in ``out``. The parts carry
     the facts of the machine they ran on (so this needs no GPU); parts of
     different machines or software are not merged."""
-    parts = [json.loads(p.read_text()) for p in sorted(out.glob("e2e-part-*.json"))]
+    parts = [json.loads(p.read_text()) for p in sorted(out.glob(f"{bench}-part-*.json"))]
     if not parts:
-        raise SystemExit(f"e2e: no e2e-part-*.json in {out}: run a model first")
+        raise SystemExit(f"e2e: no {bench}-part-*.json in {out}: run a model first")
     env = parts[0]["env"]
     for p in parts[1:]:
         differ = [k for k in ENV_KEYS if p["env"].get(k) != env.get(k)]
@@ -560,7 +682,7 @@ def merge(out: Path) -> dict[str, Any]:
             )
     rows = [r for p in parts for r in p["rows"]]
     result: dict[str, Any] = {
-        "bench": BENCH,
+        "bench": bench,
         **{k: env[k] for k in ("gpu", "torch", "triton", "vllm_base")},
         "command": " && ".join(p["command"] for p in parts),
         "rows": rows,
@@ -585,7 +707,9 @@ def merge(out: Path) -> dict[str, Any]:
             "fused; higher is better. `identical`: value 1 when the greedy tokens "
             "equal the reference's (prefix caching off; for X-vs-Y, Y: the chain, or "
             "the chain in a float32 engine of the same weights), baseline 1. "
-            "`ttft_ms`: baseline = cold, value = warm, lower is better. Times are "
+            "`ttft_ms`: baseline = cold, value = warm, lower is better. "
+            "`decode_tok_per_s`: one request's output tokens per second, baseline = "
+            "align, value = all; higher is better. Times are "
             "wall-clock per generate() call (medians where reps > 1)."
         ),
     }
@@ -628,6 +752,17 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("block", lambda r: r.get("block_size")),
         ],
     ),
+    "decode_tok_per_s": (
+        "Decode throughput of one request, align vs all (higher is better)",
+        [
+            ("model", lambda r: r["case"]["model"]),
+            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("tokens", lambda r: r["case"]["decode_tokens"]),
+            ("align tok/s", lambda r: r["baseline"]),
+            ("all tok/s", lambda r: r["value"]),
+            ("all / align", lambda r: f"{r['ratio']:.3f}"),
+        ],
+    ),
     "identical": (
         "Greedy tokens against the reference (prefix caching off; for X-vs-Y, Y)",
         [
@@ -635,6 +770,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("mode", lambda r: r["case"]["mode"]),
             ("MTP k", lambda r: r["case"]["mtp_k"]),
             ("scenario", lambda r: r["case"]["scenario"]),
+            ("prefix", lambda r: r.get("prefix_tokens")),
             ("identical", lambda r: "yes" if r["value"] == 1.0 else "no"),
             ("first diverging token", lambda r: r.get("first_divergence")),
             ("cached", lambda r: r.get("cached_tokens")),
@@ -689,7 +825,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(PLANS), help="run this model's plan")
     p.add_argument("--suite", action="append", default=[], help="only these suites")
-    p.add_argument("--plan", help="JSON object overriding the model's plan (suite -> args)")
+    p.add_argument(
+        "--plan",
+        help="a named plan (" + ", ".join(NAMED_PLANS) + "; written to e2e-<name>-<gpu>.json) "
+        "or a JSON object overriding the model's plan (suite -> args)",
+    )
     p.add_argument("--eager", action="store_true", help="enforce_eager engines (say why)")
     p.add_argument(
         "--gpu-memory-utilization",
@@ -709,13 +849,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    plan_name = args.plan if args.plan in NAMED_PLANS else None
+    bench = bench_name(plan_name)
     if args.merge:
-        result = merge(args.out)
+        result = merge(args.out, bench)
         result["notes"] = args.note
         problems = common.validate(result)
         if problems:
             raise SystemExit(f"e2e: result breaks the schema: {problems}")
-        stem = args.out / f"{BENCH}-{result['gpu']}"
+        stem = args.out / f"{bench}-{result['gpu']}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         text = markdown(result)
         stem.with_suffix(".md").write_text(text)
@@ -723,7 +865,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model:
         p.error("--model or --merge is required")
-    plan = json.loads(args.plan) if args.plan else PLANS[args.model]
+    if plan_name is not None:
+        if args.model not in NAMED_PLANS[plan_name]:
+            p.error(
+                f"plan {plan_name} covers {', '.join(NAMED_PLANS[plan_name])}, not {args.model}"
+            )
+        plan = NAMED_PLANS[plan_name][args.model]
+    else:
+        plan = json.loads(args.plan) if args.plan else PLANS[args.model]
     if args.suite:
         plan = {s: plan[s] for s in args.suite}
     os.environ.update(ENGINE_ENV)
@@ -749,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     part["command"] = common.command_line()
     part["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     part["shared_gpu"] = args.gpu_lock is not None
-    (args.out / f"e2e-part-{args.model}.json").write_text(json.dumps(part, indent=1) + "\n")
+    (args.out / f"{bench}-part-{args.model}.json").write_text(json.dumps(part, indent=1) + "\n")
     bad = [r for r in part["rows"] if r["metric"] == "identical" and r["value"] != 1.0]
     print(
         f"[e2e] {args.model}: {len(part['rows'])} rows, {len(bad)} not identical, "
