@@ -528,8 +528,7 @@ def e2e(r: Result) -> Section:
             mine = [x for x in pre if x["case"]["model"] == m]
             sizes = sorted({x["case"]["tokens"] for x in mine})
             at = [
-                f"{span(x['ratio'] for x in mine if x['case']['tokens'] == t)} at "
-                f"{tokens_label(t)}"
+                f"{span(x['ratio'] for x in mine if x['case']['tokens'] == t)} at {tokens_label(t)}"
                 for t in sizes
             ]
             per_model.append(f"{', '.join(at)} ({m})")
