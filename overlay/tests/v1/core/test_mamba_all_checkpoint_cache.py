@@ -39,7 +39,7 @@ from vllm.v1.kv_cache_interface import (
     get_mamba_all_mode_state_slots,
     get_mamba_chunk_aligned_prefill_end,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from .test_prefix_caching import make_request
 
@@ -232,6 +232,9 @@ class _Driver:
             if new is None:
                 break
             self.waiting.pop(0)
+            # As the scheduler does: a waiting request's admission may not
+            # take a running request's protected states, its later steps may.
+            request.status = RequestStatus.RUNNING
             manager.record_prefix_cache_stats(request, num_hit)
             self.hits.append((request, num_hit))
             request.num_computed_tokens = num_hit
