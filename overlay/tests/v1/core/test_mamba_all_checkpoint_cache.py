@@ -633,3 +633,32 @@ def test_resumed_state_is_protected_while_its_request_runs() -> None:
             assert all(pool._protected.get(b) == "b" for b in hit_ids)
     assert not any(b in pool._protected for b in hit_ids)
     assert all(pool.blocks[b].block_hash is not None for b in hit_ids)
+
+
+def test_admission_does_not_take_protected_states() -> None:
+    """A running request's protected states are free for its own steps but
+    not for an admission: a waiting request that would only fit by evicting
+    them waits (align mode's running request holds those states)."""
+    driver = _Driver("all", 40, 16 * BLOCK_SIZE, 0, seed=0)
+    first = make_request("r", list(range(6 * BLOCK_SIZE + 5)), BLOCK_SIZE, sha256)
+    first.sampling_params.max_tokens = 1 << 20
+    driver.add(first, num_decode=100)
+    pool = driver.manager.block_pool
+    for _ in range(3):
+        driver.step()
+    assert pool._protected and driver.running
+    num_unprotected = pool.get_num_unprotected_free_blocks()
+    # Attention blocks plus one write block per Mamba group: one more block
+    # than the unprotected free ones.
+    num_tokens = (num_unprotected + 1 - NUM_MAMBA_GROUPS) * BLOCK_SIZE - 1
+    assert num_unprotected + 1 <= pool.get_num_free_blocks()
+
+    def waiting_request(request_id: str) -> Request:
+        tokens = [900_000 + t for t in range(num_tokens)]
+        return make_request(request_id, tokens, BLOCK_SIZE, sha256)
+
+    assert driver.manager.allocate_slots(waiting_request("w"), num_tokens) is None
+    running = waiting_request("x")
+    running.status = RequestStatus.RUNNING
+    assert driver.manager.allocate_slots(running, num_tokens) is not None
+
