@@ -368,19 +368,24 @@ def test_runner_parses_junit_skips_as_skips(tmp_path: Path):
     assert res["failed_ids"] == ["a::bad", "a::err"]
 
 
-def test_runner_keeps_the_results_of_a_stopped_run(tmp_path: Path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_runner_keeps_the_results_of_a_stopped_run(tmp_path: Path, workers: int):
+    """A step stopped by --timeout keeps the tests that finished, and why
+    each failure failed (pytest's own summary never comes)."""
     run = load_runner(bundle.DATA_DIR)
     t = tmp_path / "test_sleepy.py"
     t.write_text(
         "import time\nimport pytest\n"
         "def test_fast():\n    pass\n"
         "def test_skip():\n    pytest.skip('later')\n"
-        "def test_bad():\n    assert 0\n"
+        "def test_bad():\n    assert 0, 'the reason it failed'\n"
         "def test_slow():\n    time.sleep(120)\n"
     )
-    args = argparse.Namespace(out=tmp_path, workers=1, k=None, pytest_arg=[], timeout=10.0)
+    args = argparse.Namespace(out=tmp_path, workers=workers, k=None, pytest_arg=[], timeout=20.0)
     res = run.run_tests("sleepy", [str(t)], args, dict(os.environ))
     assert res["rc"] != 0 and res["seconds"] < 60
+    log = Path(res["log"]).read_text()
+    assert "the reason it failed" in log and "short test summary" not in log
     assert (res["passed"], res["failed"], res["skipped"]) == (1, 1, 1)
     # (pytest names it relative to the runner's folder)
     assert [i.rsplit("/", 1)[-1] for i in res["failed_ids"]] == ["test_sleepy.py::test_bad"]
@@ -556,7 +561,11 @@ def test_result_rows_and_files(tmp_path: Path, capsys: pytest.CaptureFixture):
     broken = dict(result, rows=[{"case": {}, "metric": "x"}])
     assert common.validate(broken)
     args = type("A", (), {"out": tmp_path, "json": None, "md": None})()
+    common.write_partial(dict(result, rows=result["rows"][:1]), args)
+    partial = json.loads((tmp_path / "demo-h200.partial.json").read_text())
+    assert partial["rows"] == result["rows"][:1] and common.validate(partial) == []
     common.finish(result, args)
+    assert not (tmp_path / "demo-h200.partial.json").exists()
     saved = json.loads((tmp_path / "demo-h200.json").read_text())
     assert saved["rows"] == result["rows"]
     md = (tmp_path / "demo-h200.md").read_text()

@@ -6,6 +6,7 @@ nor a network. The bundle is one tarball holding:
 
   run.py                the runner (stdlib only; see bundle_data/run.py)
   hybrid_stack_shard.py its pytest plugin for run.py --shard I/N
+  hybrid_stack_failnow.py  its pytest plugin printing each failure when it happens
   manifest.json         selections (quick, full, one per series entry), benches,
                         wheels, the vLLM version and where the bundle came from
   src/vllm/             the applied tree's Python sources (no compiled modules),
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hybrid_stack import stack as stack_mod
+from hybrid_stack import tritonpack
 from hybrid_stack.errors import StackError
 from hybrid_stack.gitops import Repo
 
@@ -198,6 +200,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=DEFAULT_MAX_MIB,
         help=f"fail when the tarball is larger (default {DEFAULT_MAX_MIB:g})",
+    )
+    p.add_argument(
+        "--triton",
+        metavar="VERSION",
+        help="also pack this Triton release for the bundle's Python, in parts small "
+        "enough to carry, into triton-VERSION/ beside the tarball (run.py --triton; "
+        "see hybrid_stack/tritonpack.py)",
+    )
+    p.add_argument(
+        "--triton-part-mib",
+        type=float,
+        default=tritonpack.DEFAULT_PART_MIB,
+        help=f"largest Triton part in MiB (default {tritonpack.DEFAULT_PART_MIB:g})",
     )
     p.set_defaults(func=run)
 
@@ -559,6 +574,7 @@ def build_plan(
         plan.add(f"wheels/{w.path.name}", w.path)
     plan.add("run.py", DATA_DIR / "run.py")
     plan.add("hybrid_stack_shard.py", DATA_DIR / "hybrid_stack_shard.py")
+    plan.add("hybrid_stack_failnow.py", DATA_DIR / "hybrid_stack_failnow.py")
     plan.add("pytest.ini", b"[pytest]\n# rootdir of the hybrid-stack GPU bundle\n")
     manifest = {
         "name": name,
@@ -667,4 +683,24 @@ def run(args: argparse.Namespace) -> int:
         f"on the GPU machine: tar xzf {tarball.name} && cd {args.name} && "
         "python3 run.py quick --bench all --out results"
     )
+    if args.triton:
+        write_triton(args, tarball.parent, manifest["python"])
     return 0
+
+
+def write_triton(args: argparse.Namespace, folder: Path, python: str) -> None:
+    wheel = tritonpack.fetch_wheel(args.triton, python, platform_tags(args.platform))
+    out = folder / f"triton-{args.triton}"
+    pack = tritonpack.write_pack(wheel, out, args.triton_part_mib)
+    sizes = ", ".join(f"{p['size'] / 2**20:.1f}" for p in pack["parts"])
+    print(
+        f"bundle: Triton {args.triton} for Python {pack['python']} in {out}: "
+        f"{len(pack['parts'])} part(s) of {sizes} MiB (from {pack['wheel']['name']}, "
+        f"{len(pack['dropped'])} profiling files left out, debug info stripped from "
+        f"{len(pack['debug_stripped'])} libraries)"
+    )
+    print(
+        f"on the GPU machine: python3 run.py --triton DIR ... with DIR holding "
+        f"{tritonpack.INDEX_NAME} and the parts; parts can arrive over several calls "
+        "(run.py --triton DIR --stage keeps them until all are there)"
+    )

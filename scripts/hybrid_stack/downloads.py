@@ -111,8 +111,9 @@ def _open(url: str, timeout: float = 120):
     return resp, resp.headers.get("Content-Type", "")
 
 
-def find_file_url(index: str, project: str, filename: str) -> tuple[str, str]:
-    """(download URL, sha256 announced by the index or '') for one file."""
+def index_files(index: str, project: str) -> dict[str, tuple[str, str]]:
+    """file name -> (download URL, sha256 announced by the index or '') for
+    every file the index lists for ``project``."""
     page = index.rstrip("/") + f"/{project}/"
     try:
         f, ctype = _open(page)
@@ -120,10 +121,11 @@ def find_file_url(index: str, project: str, filename: str) -> tuple[str, str]:
             body = f.read()
     except (urllib.error.URLError, OSError) as e:
         raise StackError(f"cannot read the index page {page}: {e}") from None
-    files: list[tuple[str, str, str]] = []
+    files: dict[str, tuple[str, str]] = {}
     if "json" in ctype:
         for item in json.loads(body).get("files", []):
-            files.append((item["filename"], item["url"], item.get("hashes", {}).get("sha256", "")))
+            sha = item.get("hashes", {}).get("sha256", "")
+            files[item["filename"]] = (urllib.parse.urljoin(page, item["url"]), sha.lower())
     else:
         parser = _Links()
         parser.feed(body.decode("utf-8", "replace"))
@@ -131,11 +133,17 @@ def find_file_url(index: str, project: str, filename: str) -> tuple[str, str]:
             url, _, frag = href.partition("#")
             name = text or Path(urllib.parse.urlparse(url).path).name
             sha = frag.split("=", 1)[1] if frag.startswith("sha256=") else ""
-            files.append((name, url, sha))
-    for name, url, sha in files:
-        if name == filename:
-            return urllib.parse.urljoin(page, url), sha.lower()
-    raise StackError(f"{filename} is not listed on {page}")
+            files[name] = (urllib.parse.urljoin(page, url), sha.lower())
+    return files
+
+
+def find_file_url(index: str, project: str, filename: str) -> tuple[str, str]:
+    """(download URL, sha256 announced by the index or '') for one file."""
+    files = index_files(index, project)
+    if filename not in files:
+        page = index.rstrip("/") + f"/{project}/"
+        raise StackError(f"{filename} is not listed on {page}")
+    return files[filename]
 
 
 def download(url: str, dest: Path) -> None:

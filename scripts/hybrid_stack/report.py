@@ -523,11 +523,16 @@ def e2e(r: Result) -> Section:
         lines.append("")
     parts = []
     if pre:
-        parts.append(
-            "whole-model prefill fused / chain "
-            + ", ".join(f"{ratio(x['ratio'])} at {tokens_label(x['case']['tokens'])}" for x in pre)
-            + f" ({pre[0]['case']['model']})"
-        )
+        per_model = []
+        for m in sorted({x["case"]["model"] for x in pre}):
+            mine = [x for x in pre if x["case"]["model"] == m]
+            sizes = sorted({x["case"]["tokens"] for x in mine})
+            at = [
+                f"{span(x['ratio'] for x in mine if x['case']['tokens'] == t)} at {tokens_label(t)}"
+                for t in sizes
+            ]
+            per_model.append(f"{', '.join(at)} ({m})")
+        parts.append("whole-model prefill fused / chain " + "; ".join(per_model))
     if ident:
         models = sorted({x["case"]["model"] for x in ident})
         counts = [

@@ -169,6 +169,8 @@ class Toy(torch.nn.Module):
         self.A_log = torch.nn.Parameter(torch.zeros(32))
         self.dt_bias = torch.nn.Parameter(torch.zeros(32))
         self.D = torch.nn.Parameter(torch.zeros(32))
+        self.mixer = torch.nn.Module()
+        self.mixer.A = torch.nn.Parameter(torch.zeros(32))  # Mamba2 holds A, not its log
 
 
 def test_redraw_weights_is_seeded_and_shaped():
@@ -180,8 +182,8 @@ def test_redraw_weights_is_seeded_and_shaped():
         assert torch.equal(pa, pb), name
         if name not in ("D", "norm.weight", "norm.bias", "proj.bias", "conv.bias"):
             assert not torch.equal(pa, pc), name
-    decay = torch.exp(a.A_log)
-    assert decay.min() >= 1.0 and decay.max() <= 16.0 and decay.std() > 1.0
+    for decay in (torch.exp(a.A_log), -a.mixer.A):
+        assert decay.min() >= 1.0 and decay.max() <= 16.0 and decay.std() > 1.0
     dt = torch.nn.functional.softplus(a.dt_bias)
     assert dt.min() >= 0.99e-3 and dt.max() <= 1.01e-1
     assert torch.equal(a.D, torch.ones(32))
@@ -191,6 +193,22 @@ def test_redraw_weights_is_seeded_and_shaped():
     assert abs(a.proj.weight.std().item() - 1 / math.sqrt(64)) < 0.01
     assert abs(a.conv.weight.std().item() - 1 / math.sqrt(4)) < 0.05
     assert abs(a.embed_tokens.weight.std().item() - 4 / math.sqrt(64)) < 0.02
+
+
+def test_a_float32_engine_holds_the_bfloat16_models_weights():
+    """The prefill suite's float32 reference must run the weights the
+    bfloat16 engines run: every value on the bfloat16 grid, except the decay
+    parameters, which the models keep in float32 either way."""
+    ref, low = Toy(), Toy()
+    for name, p in low.named_parameters():
+        if name.rsplit(".", 1)[-1] not in harness.FLOAT32_LEAVES:
+            p.data = p.data.to(torch.bfloat16)
+    harness.redraw_weights(ref)
+    harness.redraw_weights(low)
+    for (name, pr), pl in zip(ref.named_parameters(), low.parameters()):
+        assert pr.dtype == torch.float32
+        assert torch.equal(pr, pl.float()), name
+    assert not torch.equal(ref.A_log, ref.A_log.bfloat16().float())
 
 
 def part(model: str, torch_version: str, rows: list[dict]) -> dict:

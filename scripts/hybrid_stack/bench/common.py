@@ -399,11 +399,33 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def partial_path(result: dict[str, Any], args: argparse.Namespace) -> Path | None:
+    return args.out / f"{result['bench']}-{result['gpu']}.partial.json" if args.out else None
+
+
+def write_partial(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """The rows measured so far (``make_result`` of them), written after each
+    row with ``--out``: a run stopped by a time limit keeps them. ``finish``
+    removes the file."""
+    path = partial_path(result, args)
+    if path is None:
+        return
+    note = f"{len(result['rows'])} row(s): the run stopped before its last case"
+    result = dict(result, notes={"partial": note})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def finish(result: dict[str, Any], args: argparse.Namespace) -> None:
     """Validate, print the table last, and write the requested files."""
     problems = validate(result)
     if problems:
         raise SystemExit(f"{result['bench']}: result breaks the schema: {problems}")
+    partial = partial_path(result, args)
+    if partial is not None:
+        partial.unlink(missing_ok=True)
     stem = f"{result['bench']}-{result['gpu']}"
     targets: list[tuple[Path, str]] = []
     if args.out:

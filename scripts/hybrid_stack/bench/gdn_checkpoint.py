@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{value_ms:.3f} ms ({base_ms / value_ms:.4f}x)  graph "
                 f"{graph['baseline_graph_ms']:.3f} -> {graph['value_graph_ms']:.3f} ms"
             )
+            common.write_partial(common.make_result(BENCH, rows), args)
             del ckpt
         del sets
         torch.cuda.empty_cache()

@@ -545,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  {dims} {tokens:7d} tok x {seqs} seq: baseline "
             f"{base_tps / 1e6:6.2f}M tok/s, value {val_tps / 1e6:6.2f}M tok/s"
         )
+        common.write_partial(common.make_result(BENCH, rows), args)
         del sets
         torch.cuda.empty_cache()
     result = common.make_result(

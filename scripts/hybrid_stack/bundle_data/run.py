@@ -12,6 +12,8 @@ Unpack the bundle on a machine with a CUDA GPU, torch and triton, then:
     python run.py --e2e tiny-qwen3.5 --e2e-arg=--suite=identity
     eval "$(python run.py --env)"             # the same imports for your own scripts,
     ncu ... python3 my_probe.py               # profilers, notebooks (no CUDA check)
+    python run.py --triton T --stage          # keep the Triton parts carried so far
+    python run.py --triton T quick            # ... then run under that Triton release
 
 The runner installs the bundled wheels into a private folder (no network, no
 root; ``--site``), puts that folder, the bundled ``src/`` (the patched vLLM
@@ -19,12 +21,21 @@ sources, stubs for compiled extensions and a vllm dist-info) and the bundle root
 on the import path, runs pytest (with pytest-xdist workers sharing the one GPU
 when xdist is there) and the chosen benchmarks, writes JSON and logs to
 ``--out``, and prints a summary table last. It uses the standard library only.
+
+``--triton DIR`` runs everything under another Triton release than the
+machine's: DIR holds the ``triton-pack.json`` and parts that ``hybrid-stack
+bundle --triton VERSION`` wrote. Parts may arrive over several calls of one
+machine: each part found is checked against its sha256 and kept in
+``--triton-stash``; once all are there, the archive's sha256 is checked and it
+is unpacked into a folder that goes first on the import path.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -33,6 +44,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -174,9 +186,121 @@ def install_wheels(manifest: dict[str, Any], site: Path) -> list[str]:
     return wheels
 
 
-def child_env(site: Path) -> dict[str, str]:
+TRITON_INDEX = "triton-pack.json"
+TRITON_FORMAT = "hybrid-stack-triton-pack/1"
+TRITON_STAMP = ".hybrid-stack-triton"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_triton(folder: Path, stash: Path) -> tuple[dict[str, Any], list[str]]:
+    """Keep the Triton pack's parts found in ``folder`` in ``stash``, each
+    checked against its sha256; returns the pack and the parts still missing."""
+    index = folder / TRITON_INDEX
+    try:
+        pack = json.loads(index.read_text())
+    except (OSError, ValueError) as e:
+        raise RunError(
+            f"no readable {TRITON_INDEX} in {folder} ({e}): pass --triton the folder "
+            "'hybrid-stack bundle --triton VERSION' wrote"
+        ) from None
+    if pack.get("format") != TRITON_FORMAT:
+        raise RunError(f"{index} is not a {TRITON_FORMAT} pack: rebuild it with this bundle")
+    stash.mkdir(parents=True, exist_ok=True)
+    missing = []
+    for part in pack["parts"]:
+        kept = stash / part["sha256"]
+        if kept.is_file() and sha256_of(kept) == part["sha256"]:
+            continue
+        src = folder / part["name"]
+        if not src.is_file():
+            missing.append(part["name"])
+            continue
+        got = sha256_of(src)
+        if got != part["sha256"]:
+            raise RunError(
+                f"{src}: sha256 {got[:16]}... is not the pack's {part['sha256'][:16]}...: "
+                "damaged or from another pack; carry it again"
+            )
+        tmp = kept.with_name(f"{kept.name}.tmp{os.getpid()}")
+        shutil.copyfile(src, tmp)
+        tmp.replace(kept)
+    return pack, missing
+
+
+class _Parts(io.RawIOBase):
+    """The stashed parts, read as one file."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = list(paths)
+        self._file: Any = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while self._file is not None or self._paths:
+            if self._file is None:
+                self._file = self._paths.pop(0).open("rb")
+            n = self._file.readinto(buf)
+            if n:
+                return n
+            self._file.close()
+            self._file = None
+        return 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        super().close()
+
+
+def install_triton(pack: dict[str, Any], stash: Path, site: Path) -> Path:
+    """Unpack the complete, verified pack beside ``site``; returns its folder."""
+    want = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if pack["python"] != want:
+        raise RunError(
+            f"the Triton pack is for Python {pack['python']}, this is Python {want}: "
+            f"rebuild it with 'hybrid-stack bundle --python-version {want} --triton "
+            f"{pack['triton']}'"
+        )
+    target = site.parent / f"{site.name}-triton-{pack['triton']}"
+    sha = pack["archive"]["sha256"]
+    stamp = target / TRITON_STAMP
+    if stamp.is_file() and stamp.read_text().strip() == sha:
+        return target
+    paths = [stash / p["sha256"] for p in pack["parts"]]
+    h = hashlib.sha256()
+    with io.BufferedReader(_Parts(paths)) as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    if h.hexdigest() != sha:
+        raise RunError(
+            f"the Triton parts join to sha256 {h.hexdigest()[:16]}..., not the pack's "
+            f"{sha[:16]}...: the parts are from different packs; carry them again"
+        )
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with io.BufferedReader(_Parts(paths)) as f, tarfile.open(fileobj=f, mode="r|xz") as tar:
+        tar.extractall(tmp, filter="data")
+    (tmp / TRITON_STAMP).write_text(sha + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.replace(target)
+    return target
+
+
+def child_env(site: Path, triton: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(site), str(HERE / "src"), str(HERE)]
+    if triton is not None:
+        paths.insert(0, str(triton))
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -195,9 +319,10 @@ def shell_exports(env: dict[str, str]) -> str:
 
 def probe_vllm(env: dict[str, str]) -> dict[str, Any]:
     code = (
-        "import json, importlib.metadata as m, vllm, vllm.vllm_flash_attn as fa;"
+        "import json, importlib.metadata as m, triton, vllm, vllm.vllm_flash_attn as fa;"
         "print(json.dumps({'vllm': m.version('vllm'), 'vllm_path': vllm.__file__,"
-        "'fa2': fa.flash_attn_interface.FA2_AVAILABLE}))"
+        "'fa2': fa.flash_attn_interface.FA2_AVAILABLE, 'triton': triton.__version__,"
+        "'triton_path': triton.__file__}))"
     )
     p = subprocess.run(
         [sys.executable, "-c", code],
@@ -319,6 +444,7 @@ def run_tests(
     # -v: a line per finished test, so a run stopped by --timeout still tells
     # what finished (parse_log); -q's progress dots have no newline to stream
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfEs"]
+    cmd += ["-p", "hybrid_stack_failnow"]
     cmd.append("--continue-on-collection-errors")
     cmd += [f"--junitxml={junit}", "-o", "junit_family=xunit2"]
     if shard:
@@ -396,10 +522,12 @@ def run_e2e(
             {"model": model, "rc": rc, "seconds": round(time.monotonic() - start, 1)}
         )
         res["rc"] = res["rc"] or rc
-    merge = [sys.executable, str(harness), "--merge", "--out", str(args.out)]
+    # A named plan (--e2e-arg=--plan=allmode) names the result too.
+    plans = [a for a in args.e2e_arg if a.startswith("--plan=")]
+    merge = [sys.executable, str(harness), "--merge", "--out", str(args.out), *plans]
     res["merge_rc"] = tee(merge, eenv, args.out / "e2e-merge.log", args.timeout)
     found = sorted(args.out.glob("e2e-*.json"))
-    found = [f for f in found if not f.name.startswith("e2e-part-")]
+    found = [f for f in found if "-part-" not in f.name]
     if found:
         res["json"] = str(found[-1])
     return res
@@ -507,6 +635,23 @@ def main(argv: list[str] | None = None) -> int:
         "(collection order), to split a selection over calls with a time limit",
     )
     parser.add_argument("--site", type=Path, default=HERE / ".site", help="private install folder")
+    parser.add_argument(
+        "--triton",
+        type=Path,
+        metavar="DIR",
+        help="run under the Triton release packed in DIR (hybrid-stack bundle --triton)",
+    )
+    parser.add_argument(
+        "--triton-stash",
+        type=Path,
+        default=Path.home() / ".cache" / "hybrid-stack-triton",
+        help="where Triton parts are kept between calls (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stage",
+        action="store_true",
+        help="with --triton: keep the parts found, say which are missing, run nothing",
+    )
     parser.add_argument("--list", action="store_true", help="list selections, benchmarks")
     parser.add_argument(
         "--env",
@@ -517,12 +662,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = shlex.join(["python", "run.py", *(sys.argv[1:] if argv is None else argv)])
     try:
+        triton = None
+        if args.triton:
+            stash = args.triton_stash.resolve()
+            pack, missing = stage_triton(args.triton.resolve(), stash)
+            have = len(pack["parts"]) - len(missing)
+            if args.stage:
+                print(
+                    f"Triton {pack['triton']}: {have} of {len(pack['parts'])} part(s) kept "
+                    f"in {stash}" + (f"; still missing: {', '.join(missing)}" if missing else "")
+                )
+                return 0
+            if missing:
+                raise RunError(
+                    f"Triton {pack['triton']}: missing part(s) {', '.join(missing)} (the "
+                    f"{have} found are kept in {stash} for the next call of this machine)"
+                )
+            triton = install_triton(pack, stash, args.site.resolve())
+        elif args.stage:
+            raise RunError("--stage keeps Triton parts: it needs --triton DIR")
         manifest = load_manifest()
         if args.env:
             check_python(manifest)
             site = args.site.resolve()
             install_wheels(manifest, site)
-            print(shell_exports(child_env(site)))
+            print(shell_exports(child_env(site, triton)))
             return 0
         if args.list:
             for name, ids in manifest["selections"].items():
@@ -553,8 +717,13 @@ def main(argv: list[str] | None = None) -> int:
         args.out = args.out.resolve()
         args.out.mkdir(parents=True, exist_ok=True)
         install_wheels(manifest, args.site.resolve())
-        env = child_env(args.site.resolve())
+        env = child_env(args.site.resolve(), triton)
         facts.update(probe_vllm(env))
+        if triton is not None and facts["triton"] != pack["triton"]:
+            raise RunError(
+                f"Triton {facts['triton']} ({facts['triton_path']}) imports ahead of the "
+                f"packed {pack['triton']} in {triton}: unset what puts it first"
+            )
     except RunError as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return EXIT_NO_CUDA if "no CUDA device" in str(e) else EXIT_USAGE

@@ -138,6 +138,9 @@ class _Driver:
         self.contents: dict[tuple[int, int], tuple[int, ...]] = {}
         self.hits: list[tuple[Request, int]] = []
         self.failed_steps = 0
+        # Most Mamba blocks one group of a running request took from the pool
+        # in one step after the step that admitted it.
+        self.max_new_mamba_blocks = 0
 
     def add(self, request: Request, num_decode: int) -> None:
         self.waiting.append((request, num_decode))
@@ -172,6 +175,15 @@ class _Driver:
             for idx in slots.spec_block_idxs:
                 self.contents[(g, row[idx])] = ("draft",)  # type: ignore[assignment]
 
+    def _mamba_blocks_held(self, request_id: str) -> list[set[int]]:
+        """Per Mamba group, the blocks the request holds: its table and the
+        speculative blocks reserved for it."""
+        return [
+            {b.block_id for b in m.req_to_blocks.get(request_id, []) if not b.is_null}
+            | {b.block_id for b in m._spec_reserve.get(request_id, [])}
+            for m in _mamba_managers(self.manager)
+        ]
+
     def step(self) -> None:
         manager = self.manager
         manager.new_step_starts()
@@ -180,6 +192,7 @@ class _Driver:
         for run in self.running:
             request = run.request
             start = request.num_computed_tokens
+            held_before = self._mamba_blocks_held(request.request_id)
             if start < request.num_prompt_tokens:
                 end = self._chunk_end(start, request)
                 num_new, num_draft = end - start, 0
@@ -195,6 +208,12 @@ class _Driver:
             if new is None:
                 self.failed_steps += 1
                 continue
+            for before, after in zip(
+                held_before, self._mamba_blocks_held(request.request_id)
+            ):
+                self.max_new_mamba_blocks = max(
+                    self.max_new_mamba_blocks, len(after - before)
+                )
             scheduled.append((run, start, num_new, num_draft))
             run.new_blocks = new  # type: ignore[attr-defined]
             budget -= num_new
@@ -350,6 +369,39 @@ def test_admission_never_worse_than_align(
         # block with a one-token remainder); nothing to compare then.
         assume(num_blocks < limit)
     assert _fits_alone("all", num_blocks, prompt_len, budget, num_spec)
+
+
+@SETTINGS
+@given(
+    prompt_blocks=st.integers(1, 24),
+    extra=st.integers(1, BLOCK_SIZE - 1),
+    budget_blocks=st.integers(1, 8),
+    num_spec=st.integers(0, 3),
+    num_requests=st.integers(1, 3),
+)
+def test_admission_reserves_the_mamba_footprint(
+    prompt_blocks: int,
+    extra: int,
+    budget_blocks: int,
+    num_spec: int,
+    num_requests: int,
+) -> None:
+    """After the step that admitted it, a request takes at most one Mamba
+    block per group and step from the pool (its next write slot), as in
+    align mode: its first drafts use the speculative blocks reserved at
+    admission. Otherwise admitted requests would grow past what admission
+    counted and evict cached states (or each other) to make room."""
+    prompt_len = prompt_blocks * BLOCK_SIZE + extra
+    driver = _Driver("all", 400, budget_blocks * BLOCK_SIZE, num_spec, seed=0)
+    for i in range(num_requests):
+        request = make_request(
+            f"r{i}", [i * 100_000 + t for t in range(prompt_len)], BLOCK_SIZE, sha256
+        )
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=2 * BLOCK_SIZE // (1 + num_spec) + 3)
+    driver.run()
+    assert not driver.waiting and not driver.running
+    assert driver.max_new_mamba_blocks <= 1
 
 
 # ----- hits resume from exactly their prefix; accounting ---------------------
@@ -546,3 +598,35 @@ def test_mamba_state_stats() -> None:
     pool = driver.manager.block_pool
     assert stats.mamba_state_evictions == pool.num_checkpoint_evictions
     assert stats.mamba_checkpoints_skipped == pool.num_checkpoints_skipped
+
+
+def test_resumed_state_is_protected_while_its_request_runs() -> None:
+    """The cached state a request resumed from (its prefix hit, a proven
+    branch point) is protected while the request runs once the request no
+    longer references it, and joins the LRU queue when the request finishes."""
+    driver = _Driver("all", 200, 4 * BLOCK_SIZE, 0, seed=0)
+    doc = list(range(6 * BLOCK_SIZE))
+    first = make_request(
+        "a", doc + [7_000_000 + j for j in range(40)], BLOCK_SIZE, sha256
+    )
+    first.sampling_params.max_tokens = 1 << 20
+    driver.add(first, num_decode=1)
+    driver.run()
+    reader = make_request(
+        "b", doc + [8_000_000 + j for j in range(3 * BLOCK_SIZE)], BLOCK_SIZE, sha256
+    )
+    reader.sampling_params.max_tokens = 1 << 20
+    driver.add(reader, num_decode=2)
+    driver.step()
+    ((_, num_hit),) = driver.hits[-1:]
+    assert num_hit == len(doc)
+    pool = driver.manager.block_pool
+    hit_ids = [
+        row[num_hit // BLOCK_SIZE - 1] for row in driver.running[0].worker_rows[1:]
+    ]
+    while driver.running:
+        driver.step()
+        if driver.running and all(pool.blocks[b].ref_cnt == 0 for b in hit_ids):
+            assert all(pool._protected.get(b) == "b" for b in hit_ids)
+    assert not any(b in pool._protected for b in hit_ids)
+    assert all(pool.blocks[b].block_hash is not None for b in hit_ids)

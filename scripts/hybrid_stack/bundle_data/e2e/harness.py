@@ -27,7 +27,14 @@ process):
               whole-model prefill throughput (``prefill_tok_per_s``), the prompt
               logprobs of one prompt and a greedy continuation compared
               (``identical``, with the largest logprob difference and the first
-              diverging token).
+              diverging token): fused against chain, and each against a float32
+              engine of the same weights (the chain's own error is the yardstick).
+
+``allmode``   mamba_cache_mode="all" against align and prefix caching off: per
+              MTP k and prefix length, ``identical`` (same prompt twice, a
+              prompt sharing only the prefix), ``ttft_ms`` and
+              ``decode_tok_per_s`` (baseline align, value all). Run by the
+              named plan ``--plan allmode`` (result ``e2e-allmode-<gpu>``).
 
 Each process writes ``<out>/e2e-part-<model>.json``; ``--merge`` joins the parts
 into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common results schema).
@@ -66,6 +73,7 @@ SUITE_ENTRIES = {
     "prefill": ("mamba2-ssd-fused-prefill", "mamba2-ssd-fused-prefill-sm90"),
     "identity": (),
     "ttft": (),
+    "allmode": ("gdn-all-mode-runner", "gdn-all-mode-layer"),
 }
 # Facts of a part that must agree for parts to be merged into one result.
 ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
@@ -85,6 +93,8 @@ ENGINE_ENV = {
 MODES = ("none", "align", "all")
 OUTPUT_TOKENS = 24
 WEIGHT_SEED = 1234
+# Parameters Mamba2 / GDN layers keep in float32 in a bfloat16 model.
+FLOAT32_LEAVES = ("A", "A_log")
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,8 @@ class Engine:
     # Each rank redraws its own shard from the seed, so engines of one
     # tensor-parallel size share weights; across sizes they differ.
     tensor_parallel_size: int = 1
+    # None: the model's own dtype; "float32" for the prefill suite's reference
+    dtype: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -124,6 +136,8 @@ class Engine:
             "disable_log_stats": False,
             "enable_prefix_caching": self.mode != "none",
         }
+        if self.dtype:
+            kw["dtype"] = self.dtype
         if self.kv_cache_gib:
             kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
         if self.mode != "none":
@@ -145,6 +159,8 @@ class Engine:
         parts = [self.model, self.mode, f"mtp{self.mtp_k}"]
         if self.ssd_prefill:
             parts.append(self.ssd_prefill)
+        if self.dtype:
+            parts.append(self.dtype)
         return "/".join(parts)
 
 
@@ -154,9 +170,14 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
     Matrices get N(0, 1/fan_in) (embeddings and the LM head N(0, 16/hidden), so
     logits have a standard deviation of about 4 and greedy choices are not
     near-ties); norm scales 1, other vectors (biases) 0; Mamba2 / GDN decay parameters
-    as their models initialise them (A in [1, 16], dt in [1e-3, 1e-1]), which
+    as their models initialise them (-A in [1, 16], dt in [1e-3, 1e-1]; Mamba2
+    holds A itself, GDN its log), which
     gives some heads a memory of hundreds of tokens. Parameters are visited in
-    name order, so equal configs get equal weights. Returns the count.
+    name order, so equal configs get equal weights. Values are rounded to the
+    bfloat16 grid except the decay parameters (which the models keep in
+    float32), so a float32 engine of a bfloat16 model's config holds the same
+    weights: the reference the prefill suite measures errors against. Returns
+    the count.
     """
     import torch
 
@@ -170,6 +191,8 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
         rand = torch.rand(data.shape, generator=gen, device=data.device, dtype=torch.float32)
         if leaf == "A_log":
             new = torch.log(1.0 + 15.0 * rand)
+        elif leaf == "A":  # Mamba2 keeps A = -exp(A_log) itself
+            new = -(1.0 + 15.0 * rand)
         elif leaf == "dt_bias":
             dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand)
             new = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
@@ -183,6 +206,8 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
             fan_in = data.shape[-1] if data.dim() == 2 else math.prod(data.shape[1:])
             scale = 4.0 if ("embed" in name or "lm_head" in name) else 1.0
             new = normal * (scale / math.sqrt(fan_in))
+        if leaf not in FLOAT32_LEAVES:
+            new = new.to(torch.bfloat16)
         data.copy_(new.to(data.dtype))
         count += 1
     return count
@@ -401,19 +426,128 @@ def suite_ttft(
     return rows
 
 
-def suite_prefill(
-    base: Engine, tokens: list[int], seqs: list[int], reps: int, failures: list
+def suite_allmode(
+    base: Engine,
+    modes: list[str],
+    ks: list[int],
+    prefixes: list[int],
+    question: int,
+    decode_tokens: int,
+    failures: list,
 ) -> list[dict[str, Any]]:
-    """chain vs fused SSD prefill: throughput, prompt logprobs, continuation."""
+    """The all-mode matrix: per MTP k, one engine per mode (``none`` is the
+    reference, prefix caching off). For each prefix length: a prompt of
+    prefix + question served cold, the same prompt again, and a prompt
+    sharing only the prefix (``identical`` against the reference, with the
+    cached tokens the engine reports); cold against warm time to first token
+    on a fresh prefix (``ttft_ms``); and decode throughput of one request
+    (``decode_tok_per_s``, baseline = align, value = all)."""
+    rows: list[dict[str, Any]] = []
+    for k in ks:
+        refs: dict[int, tuple[Served, Served]] = {}
+        decode: dict[str, tuple[float, float]] = {}
+        for mode in modes:
+            spec = replace(base, mode=mode, mtp_k=k)
+            with engine(spec, failures) as run:
+                if run is None:
+                    continue
+                bs = run.block_size
+                run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
+                for n in prefixes:
+                    rng = random.Random(3000 + n)
+                    a = prompt(rng, n + question, run.vocab)
+                    b = a[:n] + prompt(rng, question, run.vocab)
+                    cold, warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, a, b))
+                    if mode == "none":
+                        refs[n] = (cold, part)
+                        continue
+                    if n not in refs:
+                        continue  # the reference engine failed
+                    ref_a, ref_b = refs[n]
+                    acc = run.counters()
+                    got = [
+                        identity_row(spec, "cold", cold, ref_a, 0, bs),
+                        identity_row(
+                            spec, "same-twice", warm, ref_a, (n + question - 1) // bs * bs, bs
+                        ),
+                        identity_row(spec, "shared-prefix", part, ref_b, n // bs * bs, bs),
+                    ]
+                    shared = prompt(rng, n, run.vocab)
+                    t_cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+                    t_warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+                    got.append(
+                        common.make_row(
+                            {"model": base.model, "mode": mode, "mtp_k": k, "prefix_tokens": n},
+                            "ttft_ms",
+                            t_cold.ms,
+                            t_warm.ms,
+                            t_cold.ms,
+                            t_warm.ms,
+                            question_tokens=question,
+                            cached_tokens=t_warm.cached,
+                            ideal_cached_tokens=n // bs * bs,
+                            block_size=bs,
+                        )
+                    )
+                    for r in got:
+                        r["prompt_tokens"] = n + question
+                        r["prefix_tokens"] = n
+                        r.update({f"engine_{c}": v for c, v in acc.items()})
+                    rows += got
+                out = run.serve([prompt(random.Random(4000 + k), 64, run.vocab)], decode_tokens)[0]
+                decode[mode] = (len(out.tokens) / (out.ms / 1e3), out.ms)
+        if "align" in decode and "all" in decode:
+            (align_tps, align_ms), (all_tps, all_ms) = decode["align"], decode["all"]
+            rows.append(
+                common.make_row(
+                    {"model": base.model, "mtp_k": k, "decode_tokens": decode_tokens},
+                    "decode_tok_per_s",
+                    align_tps,
+                    all_tps,
+                    align_ms,
+                    all_ms,
+                )
+            )
+    return rows
+
+
+CHECK_TOKENS = 2100
+# GPU share of the prefill suite's float32 reference engine (see suite_prefill)
+REFERENCE_GPU_SHARE = 0.6
+
+
+def suite_prefill(
+    base: Engine,
+    tokens: list[int],
+    seqs: list[int],
+    reps: int,
+    failures: list,
+    reference: bool = True,
+) -> list[dict[str, Any]]:
+    """chain vs fused SSD prefill: throughput, prompt logprobs, continuation.
+
+    With ``reference``, a float32 engine of the same weights (the chain) serves
+    the check prompt too, and each bfloat16 form's prompt logprobs and greedy
+    tokens are compared with it: the chain's own error is the yardstick for
+    the fused kernel's."""
     times: dict[str, dict[tuple[int, int], list[float]]] = {}
     checks: dict[str, Served] = {}
-    for impl in ("chain", "fused"):
-        spec = replace(base, ssd_prefill=impl, max_model_len=max(tokens) + 64)
+    forms = [("chain", None), ("fused", None)] + ([("chain", "float32")] if reference else [])
+    for impl, dtype in forms:
+        spec = replace(base, ssd_prefill=impl, dtype=dtype, max_model_len=max(tokens) + 64)
+        if dtype:
+            # the engines before it in this process leave memory held (CUDA graph
+            # pools, compile caches): a fixed share it can still get
+            util = min(base.gpu_memory_utilization, REFERENCE_GPU_SHARE)
+            spec = replace(spec, gpu_memory_utilization=util)
         with engine(spec, failures) as run:
             if run is None:
                 continue
+            key = f"{impl}-{dtype}" if dtype else impl
             rng = random.Random(3000)
-            checks[impl] = run.serve([prompt(rng, 2100, run.vocab)], 32, prompt_logprobs=True)[0]
+            checks[key] = run.serve([prompt(rng, CHECK_TOKENS, run.vocab)], 32, True)[0]
+            if dtype:
+                continue  # the reference is not timed
             run.serve([prompt(rng, 1024, run.vocab)], 1)
             times[impl] = {}
             for n in tokens:
@@ -440,23 +574,28 @@ def suite_prefill(
                     reps=reps,
                 )
             )
-    if len(checks) == 2:
-        c, f = checks["chain"], checks["fused"]
-        diffs = [abs(x - y) for x, y in zip(c.logprobs, f.logprobs)]
-        row = common.make_row(
-            {"model": base.model, "mode": "none", "mtp_k": 0, "scenario": "fused-vs-chain"},
-            "identical",
-            1.0,
-            1.0 if c.tokens == f.tokens else 0.0,
-            c.ms,
-            f.ms,
-            first_divergence=first_divergence(f.tokens, c.tokens),
-            prompt_tokens=2100,
-            max_abs_logprob_diff=max(diffs) if diffs else math.nan,
-            mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
-        )
-        rows.append(row)
+    pairs = [("fused", "chain"), ("chain", "chain-float32"), ("fused", "chain-float32")]
+    for got, ref in pairs:
+        if got in checks and ref in checks:
+            rows.append(logprob_row(base.model, f"{got}-vs-{ref}", checks[got], checks[ref]))
     return rows
+
+
+def logprob_row(model: str, scenario: str, got: Served, ref: Served) -> dict[str, Any]:
+    """Greedy tokens and prompt logprobs of ``got`` against ``ref``."""
+    diffs = [abs(x - y) for x, y in zip(got.logprobs, ref.logprobs)]
+    return common.make_row(
+        {"model": model, "mode": "none", "mtp_k": 0, "scenario": scenario},
+        "identical",
+        1.0,
+        1.0 if got.tokens == ref.tokens else 0.0,
+        ref.ms,
+        got.ms,
+        first_divergence=first_divergence(got.tokens, ref.tokens),
+        prompt_tokens=CHECK_TOKENS,
+        max_abs_logprob_diff=max(diffs) if diffs else math.nan,
+        mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
+    )
 
 
 # The default plan of each model: suite -> arguments.
@@ -475,7 +614,32 @@ PLANS: dict[str, dict[str, dict[str, Any]]] = {
         "prefill": {"tokens": [16384], "seqs": [1], "reps": 3},
     },
 }
-SUITES = {"identity": suite_identity, "ttft": suite_ttft, "prefill": suite_prefill}
+SUITES = {
+    "identity": suite_identity,
+    "ttft": suite_ttft,
+    "prefill": suite_prefill,
+    "allmode": suite_allmode,
+}
+# Named plans beside each model's default one (``--plan NAME``), each written
+# to ``<out>/<bench>-<gpu>.json``. "allmode": mamba_cache_mode none / align /
+# all, MTP off and k = 1..3, prefixes that are not multiples of the engines'
+# block sizes, and the 32k warm / cold time to first token in all mode.
+ALLMODE_MATRIX = {
+    "modes": ["none", "align", "all"],
+    "ks": [0, 1, 2, 3],
+    "prefixes": [1072, 2000, 2144],
+    "question": 200,
+    "decode_tokens": 256,
+}
+NAMED_PLANS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
+    "allmode": {
+        "tiny-qwen3.5": {"allmode": ALLMODE_MATRIX},
+        "qwen3.5-9b-like": {
+            "allmode": ALLMODE_MATRIX,
+            "ttft": {"mode": "all", "ks": [0, 3], "prefixes": [32768], "question": 200},
+        },
+    },
+}
 
 
 def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -496,13 +660,18 @@ def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"model": base.model, "rows": rows, "failures": failures, "compiled_ops": dict(COUNTS)}
 
 
-def merge(out: Path) -> dict[str, Any]:
+def bench_name(plan_name: str | None) -> str:
+    """The result's name: ``e2e``, or ``e2e-<plan>`` for a named plan."""
+    return BENCH if plan_name is None else f"{BENCH}-{plan_name}"
+
+
+def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
     """One result (the common schema) from the parts in ``out``. The parts carry
     the facts of the machine they ran on (so this needs no GPU); parts of
     different machines or software are not merged."""
-    parts = [json.loads(p.read_text()) for p in sorted(out.glob("e2e-part-*.json"))]
+    parts = [json.loads(p.read_text()) for p in sorted(out.glob(f"{bench}-part-*.json"))]
     if not parts:
-        raise SystemExit(f"e2e: no e2e-part-*.json in {out}: run a model first")
+        raise SystemExit(f"e2e: no {bench}-part-*.json in {out}: run a model first")
     env = parts[0]["env"]
     for p in parts[1:]:
         differ = [k for k in ENV_KEYS if p["env"].get(k) != env.get(k)]
@@ -513,7 +682,7 @@ def merge(out: Path) -> dict[str, Any]:
             )
     rows = [r for p in parts for r in p["rows"]]
     result: dict[str, Any] = {
-        "bench": BENCH,
+        "bench": bench,
         **{k: env[k] for k in ("gpu", "torch", "triton", "vllm_base")},
         "command": " && ".join(p["command"] for p in parts),
         "rows": rows,
@@ -536,10 +705,12 @@ def merge(out: Path) -> dict[str, Any]:
         "legend": (
             "`prefill_tok_per_s`: baseline = chain (upstream SSD kernels), value = "
             "fused; higher is better. `identical`: value 1 when the greedy tokens "
-            "equal the reference's (prefix caching off, or the chain for "
-            "fused-vs-chain), baseline 1. `ttft_ms`: baseline = cold, value = warm, "
-            "lower is better. Times are wall-clock per generate() call (medians "
-            "where reps > 1)."
+            "equal the reference's (prefix caching off; for X-vs-Y, Y: the chain, or "
+            "the chain in a float32 engine of the same weights), baseline 1. "
+            "`ttft_ms`: baseline = cold, value = warm, lower is better. "
+            "`decode_tok_per_s`: one request's output tokens per second, baseline = "
+            "align, value = all; higher is better. Times are "
+            "wall-clock per generate() call (medians where reps > 1)."
         ),
     }
     return result
@@ -581,13 +752,25 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("block", lambda r: r.get("block_size")),
         ],
     ),
+    "decode_tok_per_s": (
+        "Decode throughput of one request, align vs all (higher is better)",
+        [
+            ("model", lambda r: r["case"]["model"]),
+            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("tokens", lambda r: r["case"]["decode_tokens"]),
+            ("align tok/s", lambda r: r["baseline"]),
+            ("all tok/s", lambda r: r["value"]),
+            ("all / align", lambda r: f"{r['ratio']:.3f}"),
+        ],
+    ),
     "identical": (
-        "Greedy tokens against the reference (prefix caching off; for fused-vs-chain, the chain)",
+        "Greedy tokens against the reference (prefix caching off; for X-vs-Y, Y)",
         [
             ("model", lambda r: r["case"]["model"]),
             ("mode", lambda r: r["case"]["mode"]),
             ("MTP k", lambda r: r["case"]["mtp_k"]),
             ("scenario", lambda r: r["case"]["scenario"]),
+            ("prefix", lambda r: r.get("prefix_tokens")),
             ("identical", lambda r: "yes" if r["value"] == 1.0 else "no"),
             ("first diverging token", lambda r: r.get("first_divergence")),
             ("cached", lambda r: r.get("cached_tokens")),
@@ -642,7 +825,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(PLANS), help="run this model's plan")
     p.add_argument("--suite", action="append", default=[], help="only these suites")
-    p.add_argument("--plan", help="JSON object overriding the model's plan (suite -> args)")
+    p.add_argument(
+        "--plan",
+        help="a named plan (" + ", ".join(NAMED_PLANS) + "; written to e2e-<name>-<gpu>.json) "
+        "or a JSON object overriding the model's plan (suite -> args)",
+    )
     p.add_argument("--eager", action="store_true", help="enforce_eager engines (say why)")
     p.add_argument(
         "--gpu-memory-utilization",
@@ -662,13 +849,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    plan_name = args.plan if args.plan in NAMED_PLANS else None
+    bench = bench_name(plan_name)
     if args.merge:
-        result = merge(args.out)
+        result = merge(args.out, bench)
         result["notes"] = args.note
         problems = common.validate(result)
         if problems:
             raise SystemExit(f"e2e: result breaks the schema: {problems}")
-        stem = args.out / f"{BENCH}-{result['gpu']}"
+        stem = args.out / f"{bench}-{result['gpu']}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
         text = markdown(result)
         stem.with_suffix(".md").write_text(text)
@@ -676,7 +865,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model:
         p.error("--model or --merge is required")
-    plan = json.loads(args.plan) if args.plan else PLANS[args.model]
+    if plan_name is not None:
+        if args.model not in NAMED_PLANS[plan_name]:
+            p.error(
+                f"plan {plan_name} covers {', '.join(NAMED_PLANS[plan_name])}, not {args.model}"
+            )
+        plan = NAMED_PLANS[plan_name][args.model]
+    else:
+        plan = json.loads(args.plan) if args.plan else PLANS[args.model]
     if args.suite:
         plan = {s: plan[s] for s in args.suite}
     os.environ.update(ENGINE_ENV)
@@ -702,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     part["command"] = common.command_line()
     part["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     part["shared_gpu"] = args.gpu_lock is not None
-    (args.out / f"e2e-part-{args.model}.json").write_text(json.dumps(part, indent=1) + "\n")
+    (args.out / f"{bench}-part-{args.model}.json").write_text(json.dumps(part, indent=1) + "\n")
     bad = [r for r in part["rows"] if r["metric"] == "identical" and r["value"] != 1.0]
     print(
         f"[e2e] {args.model}: {len(part['rows'])} rows, {len(bad)} not identical, "

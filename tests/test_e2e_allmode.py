@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The end-to-end harness's all-mode plan (``--plan allmode``), on the CPU:
+the matrix it covers, the rows its suite writes (with a stand-in engine), and
+the result it merges into (``e2e-allmode-<gpu>.json``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from hybrid_stack.bench import common
+
+E2E = Path(__file__).resolve().parents[1] / "scripts" / "hybrid_stack" / "bundle_data" / "e2e"
+sys.path.insert(0, str(E2E))
+import harness  # noqa: E402
+
+BLOCK = 528  # like an engine's hybrid block size: no prefix is a multiple of it
+
+
+def test_allmode_plan_covers_the_matrix():
+    plans = harness.NAMED_PLANS["allmode"]
+    assert set(plans) == {"tiny-qwen3.5", "qwen3.5-9b-like"}
+    for plan in plans.values():
+        assert set(plan) <= set(harness.SUITES)
+        m = plan["allmode"]
+        assert m["modes"] == ["none", "align", "all"]
+        assert m["ks"] == [0, 1, 2, 3]
+        assert m["prefixes"] == [1072, 2000, 2144]
+    assert plans["qwen3.5-9b-like"]["ttft"]["mode"] == "all"
+    assert 32768 in plans["qwen3.5-9b-like"]["ttft"]["prefixes"]
+    assert harness.bench_name("allmode") == "e2e-allmode"
+    assert harness.SUITE_ENTRIES["allmode"]
+
+
+class FakeRunner:
+    """Greedy tokens are a function of the prompt; mode ``all`` with MTP 2
+    diverges on the shared-prefix prompt of 2000 tokens (a wrong cached
+    state), and decodes slower than align."""
+
+    def __init__(self, spec):
+        self.spec, self.block_size, self.vocab = spec, BLOCK, 1000
+        self.seen: set[tuple[int, ...]] = set()
+
+    def serve(self, prompts, max_tokens):
+        out = []
+        for p in prompts:
+            toks = [(sum(p) + i) % 97 for i in range(max_tokens)]
+            key = tuple(p[: len(p) // BLOCK * BLOCK])
+            cached = len(key) if key and key in self.seen else 0
+            self.seen.add(key)
+            if (self.spec.mode, self.spec.mtp_k, len(p)) == ("all", 2, 2200) and cached:
+                toks[5] += 1
+            ms = 100.0 if max_tokens > 100 and self.spec.mode == "align" else 125.0
+            out.append(harness.Served(toks, cached, ms))
+        return out
+
+    def counters(self):
+        return {"prefix_cache_hits": 1.0}
+
+
+@pytest.fixture
+def fake_engines(monkeypatch):
+    started = []
+
+    @contextmanager
+    def engine(spec, failures):
+        started.append(spec)
+        yield FakeRunner(spec)
+
+    monkeypatch.setattr(harness, "engine", engine)
+    return started
+
+
+def test_allmode_suite_rows(fake_engines):
+    m = dict(harness.ALLMODE_MATRIX, ks=[0, 2])
+    rows = harness.suite_allmode(harness.Engine("tiny-qwen3.5"), **m, failures=[])
+    # One engine per (k, mode), the reference first.
+    assert [(s.mode, s.mtp_k) for s in fake_engines] == [
+        (mode, k) for k in (0, 2) for mode in ("none", "align", "all")
+    ]
+    ident = [r for r in rows if r["metric"] == "identical"]
+    # 2 ks x 2 modes x 3 prefixes x 3 scenarios
+    assert len(ident) == 36
+    bad = [
+        (r["case"]["mode"], r["case"]["mtp_k"], r["prefix_tokens"], r["case"]["scenario"])
+        for r in ident
+        if r["value"] != 1.0
+    ]
+    assert bad == [("all", 2, 2000, "same-twice")]
+    shared = [r for r in ident if r["case"]["scenario"] == "shared-prefix"]
+    assert {r["ideal_cached_tokens"] for r in shared} == {n // BLOCK * BLOCK for n in m["prefixes"]}
+    ttft = [r for r in rows if r["metric"] == "ttft_ms"]
+    assert len(ttft) == 12 and {r["case"]["mode"] for r in ttft} == {"align", "all"}
+    decode = [r for r in rows if r["metric"] == "decode_tok_per_s"]
+    assert [r["case"]["mtp_k"] for r in decode] == [0, 2]
+    # baseline = align, value = all
+    assert all(r["baseline"] > r["value"] for r in decode)
+
+
+def test_merge_writes_the_allmode_result(tmp_path, fake_engines):
+    rows = harness.suite_allmode(
+        harness.Engine("tiny-qwen3.5"), **dict(harness.ALLMODE_MATRIX, ks=[1]), failures=[]
+    )
+    for r in rows:
+        r["suite"] = "allmode"
+    part = {
+        "model": "tiny-qwen3.5",
+        "rows": rows,
+        "failures": [],
+        "compiled_ops": {},
+        "plan": harness.NAMED_PLANS["allmode"]["tiny-qwen3.5"],
+        "env": {
+            "gpu": "h200",
+            "gpu_name": "NVIDIA H200",
+            "torch": "2.11",
+            "triton": "3.6.0",
+            "vllm_base": "0.33.0",
+            "cuda": "13.0",
+        },
+        "command": "python3 e2e/harness.py --model tiny-qwen3.5 --plan allmode",
+        "created": "2026-12-01T00:00:00Z",
+    }
+    (tmp_path / "e2e-allmode-part-tiny-qwen3.5.json").write_text(json.dumps(part))
+    # The default result's parts are not this one's.
+    assert harness.main(["--merge", "--out", str(tmp_path), "--plan", "allmode"]) == 0
+    result = json.loads((tmp_path / "e2e-allmode-h200.json").read_text())
+    assert result["bench"] == "e2e-allmode"
+    assert common.validate(result) == []
+    assert result["entries"] == sorted(harness.SUITE_ENTRIES["allmode"])
+    md = (tmp_path / "e2e-allmode-h200.md").read_text()
+    assert "Decode throughput of one request, align vs all" in md
+    with pytest.raises(SystemExit, match="no e2e-part"):
+        harness.merge(tmp_path)
