@@ -200,4 +200,5 @@ def test_the_series_names_the_fused_kernels_cases() -> None:
     assert named == {
         "mamba2-ssd-fused-prefill": "ci/kernel-cases/mamba2-ssd-fused-prefill.py",
         "mamba2-ssd-fused-prefill-sm90": "ci/kernel-cases/mamba2-ssd-fused-prefill-sm90.py",
+        "gdn-all-mode-prefill-checkpoints": "ci/kernel-cases/gdn-all-mode-prefill-checkpoints.py",
     }
