@@ -7,9 +7,12 @@
 #   5. sm_90 compile check of the stack's kernels (hybrid-stack kernel-stats), with
 #      the venv's Triton (3.8) and with Triton 3.6, the release the fused
 #      kernel's Gluon form has run with on the H200
-#   6. the tooling tests (pytest tests/, two at a time); the sm_90 test reads
+#   6. vLLM's own pre-commit hooks on every carried entry's files
+#      (ci/vllm-hooks.sh --carried), and the SSD entries' launch tests under
+#      Triton 3.6
+#   7. the tooling tests (pytest tests/, two at a time); the sm_90 test reads
 #      step 5's result instead of compiling the same kernels again
-#   7. the stack's CPU suite on the patched tree (hybrid-stack test, two suites
+#   8. the stack's CPU suite on the patched tree (hybrid-stack test, two suites
 #      at a time)
 # Exits non-zero on any failure; pytest's "no tests collected" (5) is a failure.
 # JOBS (default 2): tooling tests and CPU suites run at a time.
@@ -33,8 +36,8 @@ step "build (lean profile)"
 hybrid-stack build --profile lean
 
 step "lint (ruff)"
-ruff check scripts tests ci/kernel-cases
-ruff format --check scripts tests ci/kernel-cases
+ruff check scripts tests ci/kernel-cases ci/vllm_hooks.py
+ruff format --check scripts tests ci/kernel-cases ci/vllm_hooks.py
 ruff check --config ci/ruff-vllm.toml overlay
 ruff format --check --config ci/ruff-vllm.toml overlay
 
@@ -45,10 +48,13 @@ hybrid-stack kernel-stats --arch 90 --json work/kernel-stats-sm90.json
 # the stack's GPU tests and benchmarks ran with
 hybrid-stack kernel-stats --arch 90 --triton 3.6.0 --json work/kernel-stats-sm90-triton3.6.0.json
 
-# --- fused Mamba2 SSD entries: vLLM's own pre-commit checks on their files, and
-# their Triton launch-path CPU tests under Triton 3.6 (installed just above)
-step "SSD entries: vLLM pre-commit checks; launch tests under Triton 3.6"
-ci/vllm-hooks.sh mamba2-ssd-varlen-empty-seq mamba2-ssd-fused-prefill mamba2-ssd-fused-prefill-sm90
+step "vLLM pre-commit checks on every carried entry's files"
+# the entries of patches/series.toml; mypy errors the base already has do not count
+ci/vllm-hooks.sh --carried
+
+# --- fused Mamba2 SSD entries: their Triton launch-path CPU tests under Triton 3.6
+# (installed just above)
+step "SSD entries: launch tests under Triton 3.6"
 ci/triton-release-tests.sh 3.6.0
 # --- end fused Mamba2 SSD entries
 

@@ -125,8 +125,12 @@ def test_fused_ssd_kernel_compiles_for_sm90(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         data = json.loads(out.read_text())
     assert data["arch"] == 90
-    rows = data["rows"]
-    assert not any("error" in r for r in rows)
+    assert not any("error" in r for r in data["rows"])
+    # the GDN chunk prefill, with and without block checkpoints
+    gdn = [r for r in data["rows"] if r["entry"] == "gdn-all-mode-prefill-checkpoints"]
+    assert {r["case"].rsplit(" ", 1)[-1] for r in gdn} == {"on", "off"}
+    assert all(0 < r["regs"] <= 255 and r["smem_bytes"] <= SMEM_LIMIT[90] for r in gdn)
+    rows = [r for r in data["rows"] if r["entry"].startswith("mamba2-ssd-fused-prefill")]
     compiled = [r for r in rows if "skipped" not in r]
     kernels = [r["kernel"] for r in compiled]
     assert kernels.count("_ssd_fused_varlen_kernel") == 4
@@ -160,7 +164,8 @@ def test_shared_memory_over_the_arch_limit_fails_the_case(tmp_path: Path) -> Non
     """sm_89 gives a program 99 KiB: the fp32 case (BLOCK_KB 256 of fp32 B and
     x tiles) needs more, the bf16 cases fit. The command fails and says why."""
     out = tmp_path / "ks.json"
-    p = _cli("--arch", "89", "--json", str(out))
+    ssd = ("--entry", "mamba2-ssd-fused-prefill", "--entry", "mamba2-ssd-fused-prefill-sm90")
+    p = _cli("--arch", "89", *ssd, "--json", str(out))
     assert p.returncode == 1, p.stdout[-3000:]
     all_rows = json.loads(out.read_text())["rows"]
     (skip,) = [r for r in all_rows if "skipped" in r]
@@ -200,4 +205,5 @@ def test_the_series_names_the_fused_kernels_cases() -> None:
     assert named == {
         "mamba2-ssd-fused-prefill": "ci/kernel-cases/mamba2-ssd-fused-prefill.py",
         "mamba2-ssd-fused-prefill-sm90": "ci/kernel-cases/mamba2-ssd-fused-prefill-sm90.py",
+        "gdn-all-mode-prefill-checkpoints": "ci/kernel-cases/gdn-all-mode-prefill-checkpoints.py",
     }

@@ -26,6 +26,7 @@ VERBS = (
     "bundle",
     "kstats",
     "rebase",
+    "port",
     "rangediff",
     "prstack",
     "report",

@@ -170,6 +170,19 @@ def download(url: str, dest: Path) -> None:
         raise StackError(f"download of {url} failed: {e}") from None
 
 
+def download_verified(url: str, dest: Path, sha256: str, whose: str, hint: str) -> None:
+    """``download``, then check the file against ``sha256`` (``whose`` hash it
+    is, for the message); a mismatch is moved aside and raised."""
+    download(url, dest)
+    got = sha256_file(dest)
+    if got != sha256:
+        bad = dest.with_name(dest.name + ".sha256-mismatch")
+        dest.replace(bad)
+        raise StackError(
+            f"{dest.name}: downloaded sha256 {got} != {whose} {sha256} (kept as {bad}); {hint}"
+        )
+
+
 def fetch_artifact(stack: Stack, kind: str = "sdist", offline: bool = False) -> Path:
     """Return the verified cached path of the pinned sdist or wheel."""
     art: Artifact | None = getattr(stack.pin, kind)
@@ -197,15 +210,7 @@ def fetch_artifact(stack: Stack, kind: str = "sdist", offline: bool = False) -> 
                 f"the pin says {art.sha256}: check the pin"
             )
         print(f"fetch: {art.filename} from {urllib.parse.urlparse(url).netloc or url}")
-        download(url, dest)
-        got = sha256_file(dest)
-        if got != art.sha256:
-            bad = dest.with_name(dest.name + ".sha256-mismatch")
-            dest.replace(bad)
-            raise StackError(
-                f"{art.filename}: downloaded sha256 {got} != pinned {art.sha256} "
-                f"(kept as {bad}); check the pin and the index"
-            )
+        download_verified(url, dest, art.sha256, "pinned", "check the pin and the index")
         return dest
     raise StackError(f"{art.filename} not found on any configured index: " + "; ".join(errors))
 

@@ -744,6 +744,12 @@ def _finish(stack: Stack, state: dict) -> int:
     out = Path(state["report"])
     _write_atomic(out, report.encode())
     print(f"rebase: report {out}")
+    if state.get("port_source"):
+        from hybrid_stack.port import Record, write_record
+
+        src = state["port_source"]
+        write_record(stack.root, Record(**{**src, "entries": tuple(map(tuple, src["entries"]))}))
+        print(f"rebase: the port's source recorded in {stack.root / 'ported-from.toml'}")
     write_pin(stack, pin_path.read_text())  # the one step that moves the pin
     shutil.rmtree(state_dir(stack))
     print(
@@ -852,6 +858,8 @@ def start(args: argparse.Namespace) -> int:
         "notes": _read_notes(args.notes, stack.root),
         "apply_state": _read_state(repo),
         "had_tag": repo.has_ref(new.tag),
+        # `hybrid-stack port`: the main series this port is made from, recorded at the end
+        "port_source": asdict(args.port_source) if getattr(args, "port_source", None) else None,
     }
     if args.dry_run:
         return _dry_run(stack, repo, new, state)
@@ -861,6 +869,8 @@ def start(args: argparse.Namespace) -> int:
     report_path = Path(state["report"])
     if report_path.is_file():
         shutil.copy2(report_path, state_dir(stack) / "report.md")
+    if state["port_source"] and (stack.root / "ported-from.toml").is_file():
+        shutil.copy2(stack.root / "ported-from.toml", state_dir(stack) / "ported-from.toml")
     pin_file = (stack.patches_dir / "pin.toml").read_text()
     _write_atomic(state_dir(stack) / "new-pin.toml", pin_text(pin_file, stack.pin, new).encode())
     save_state(stack, state)
@@ -1013,6 +1023,12 @@ def abort(args: argparse.Namespace) -> int:
         shutil.copy2(kept, report)
     else:
         report.unlink(missing_ok=True)
+    if state.get("port_source"):  # the previous record back (or none)
+        rec, kept_rec = stack.root / "ported-from.toml", state_dir(stack) / "ported-from.toml"
+        if kept_rec.is_file():
+            shutil.copy2(kept_rec, rec)
+        else:
+            rec.unlink(missing_ok=True)
     repo.run("update-ref", "-d", f"{PRE_REBASE_REF}/v{state['old_version']}", check=False)
     if state["apply_state"]:
         _write_state(repo, state["apply_state"])

@@ -60,6 +60,28 @@ def markdown(stack: Stack) -> str:
     return "\n".join(lines)
 
 
+def print_ports(stack: Stack) -> None:
+    """The ports under patches/ports/ and how far each lags the series (reported,
+    never a failure: a port is made from the series as it was)."""
+    from hybrid_stack.port import RECORD, disk_files, lag, lag_lines, load_record, main_of
+
+    lines = lag_lines(stack.root)
+    if lines:
+        print("\nports (patches/ports/<version>, made with hybrid-stack port):")
+        for line in lines:
+            print(f"  {line}")
+    main = main_of(stack.root)
+    if main is not None:
+        r = load_record(stack.root)
+        if r is None:
+            print(f"\nport of {main}: no {RECORD}, its source is unknown")
+        else:
+            print(
+                f"\nport of the series in {main}, made from {r.commit[:12]}: "
+                f"{lag(r, disk_files(main)).text()}"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     stack = load_stack(args.root)
     if args.markdown:
@@ -87,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         "carried entries"
     )
     print(table(rows))
+    print_ports(stack)
     return 1 if any(v != "yes" for v in ok.values()) else 0
 
 

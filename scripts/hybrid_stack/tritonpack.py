@@ -177,15 +177,9 @@ def fetch_wheel(version: str, python: str, platforms: list[str]) -> Path:
         dest = folder / name
         if not (dest.is_file() and downloads.sha256_file(dest) == announced):
             print(f"bundle: downloading {name}", flush=True)
-            downloads.download(url, dest)
-            got = downloads.sha256_file(dest)
-            if got != announced:
-                bad = dest.with_name(dest.name + ".sha256-mismatch")
-                dest.replace(bad)
-                raise StackError(
-                    f"{name}: downloaded sha256 {got} != {announced} announced by the "
-                    f"index (kept as {bad})"
-                )
+            downloads.download_verified(
+                url, dest, announced, "the index's", "the index serves another file"
+            )
         return dest
     raise StackError("triton is not listed on any configured index: " + "; ".join(errors))
 

@@ -96,6 +96,10 @@ def test_spec_decode_rows_read_anchors_and_write_slots(monkeypatch) -> None:
         mamba_read_anchors=anchors,
     )
     assert md.num_spec_decodes == 3 and md.num_prefills == 0
+    assert md.spec_state_indices_tensor is not None
+    assert md.spec_state_read_indices is not None
+    assert md.spec_conv_state_read_indices is not None
+    assert builder.spec_state_read_indices is not None
     for row, (s, q) in enumerate(zip(seq_lens, query_lens)):
         slots = get_mamba_all_mode_state_slots(s - q, q, k, BLOCK, k)
         cols = [slots.write_block_idx, *slots.spec_block_idxs]
@@ -134,6 +138,9 @@ def test_mixed_batch_prefill_rows_and_checkpoints(monkeypatch) -> None:
     assert md.num_spec_decodes == 1 and md.num_prefills == 2
     ap = md.all_mode_prefill
     assert ap is not None
+    assert md.prefill_state_indices is not None
+    assert md.prefill_state_read_indices is not None
+    assert md.non_spec_query_start_loc is not None
     assert ap.num_computed_tokens.tolist() == [64, 100]
     assert torch.equal(ap.block_table, table[1:])
     for i, row in enumerate([1, 2]):
@@ -172,6 +179,10 @@ def test_decodes_and_prefill_without_drafts(monkeypatch) -> None:
     common, table = _common(seq_lens, query_lens)
     md = builder.build(0, common)
     assert md.num_decodes == 2 and md.num_prefills == 1
+    assert md.non_spec_state_indices_tensor is not None
+    assert md.non_spec_state_read_indices is not None
+    assert md.prefill_state_read_indices is not None
+    assert md.all_mode_prefill is not None
     for row, (s, q) in enumerate(zip(seq_lens, query_lens)):
         slots = get_mamba_all_mode_state_slots(s - q, q, 0, BLOCK, 0)
         assert int(md.non_spec_state_indices_tensor[row]) == int(

@@ -61,7 +61,7 @@ def test_tracker_step_does_not_sync() -> None:
     idx = torch.randperm(MAX_NUM_REQS, device="cuda")[:17]
     acc = torch.randint(1, num_spec + 2, (MAX_NUM_REQS,), device="cuda")
     spec = torch.randint(1, 1000, (17, num_spec + 1), device="cuda")
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):

@@ -394,6 +394,28 @@ def suite_identity(
     return rows
 
 
+def ttft_row(
+    run: Runner, spec: Engine, rng: random.Random, n: int, question: int
+) -> dict[str, Any]:
+    """Time to first token of a fresh ``n``-token prefix + question, cold, then
+    warm (the same prefix, another question)."""
+    shared = prompt(rng, n, run.vocab)
+    cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+    warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
+    return common.make_row(
+        {"model": spec.model, "mode": spec.mode, "mtp_k": spec.mtp_k, "prefix_tokens": n},
+        "ttft_ms",
+        cold.ms,
+        warm.ms,
+        cold.ms,
+        warm.ms,
+        question_tokens=question,
+        cached_tokens=warm.cached,
+        ideal_cached_tokens=n // run.block_size * run.block_size,
+        block_size=run.block_size,
+    )
+
+
 def suite_ttft(
     base: Engine, mode: str, ks: list[int], prefixes: list[int], question: int, failures: list
 ) -> list[dict[str, Any]]:
@@ -406,23 +428,7 @@ def suite_ttft(
             rng = random.Random(2000 + k)
             run.serve([prompt(rng, 512, run.vocab)], 4)  # first-request costs
             for n in prefixes:
-                shared = prompt(rng, n, run.vocab)
-                cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
-                warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
-                rows.append(
-                    common.make_row(
-                        {"model": base.model, "mode": mode, "mtp_k": k, "prefix_tokens": n},
-                        "ttft_ms",
-                        cold.ms,
-                        warm.ms,
-                        cold.ms,
-                        warm.ms,
-                        question_tokens=question,
-                        cached_tokens=warm.cached,
-                        ideal_cached_tokens=n // run.block_size * run.block_size,
-                        block_size=run.block_size,
-                    )
-                )
+                rows.append(ttft_row(run, spec, rng, n, question))
     return rows
 
 
@@ -472,23 +478,7 @@ def suite_allmode(
                         ),
                         identity_row(spec, "shared-prefix", part, ref_b, n // bs * bs, bs),
                     ]
-                    shared = prompt(rng, n, run.vocab)
-                    t_cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
-                    t_warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
-                    got.append(
-                        common.make_row(
-                            {"model": base.model, "mode": mode, "mtp_k": k, "prefix_tokens": n},
-                            "ttft_ms",
-                            t_cold.ms,
-                            t_warm.ms,
-                            t_cold.ms,
-                            t_warm.ms,
-                            question_tokens=question,
-                            cached_tokens=t_warm.cached,
-                            ideal_cached_tokens=n // bs * bs,
-                            block_size=bs,
-                        )
-                    )
+                    got.append(ttft_row(run, spec, rng, n, question))
                     for r in got:
                         r["prompt_tokens"] = n + question
                         r["prefix_tokens"] = n

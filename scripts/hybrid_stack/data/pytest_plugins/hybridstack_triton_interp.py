@@ -29,6 +29,13 @@ if os.environ.get("TRITON_INTERPRET") != "1":
         "'hybrid-stack test --interpret')"
     )
 
+# vLLM <= 0.32.0 installs VLLM_TRITON_FORCE_FIRST_CONFIG's autotuner patch during
+# `import vllm` (vllm.env_override), importing vllm.triton_utils, which resolves
+# the platform before this plugin can install its own. Hidden until then, it is
+# installed below, once the platform is ours (0.33.0 moved it to triton_utils).
+_FORCE_FIRST = "VLLM_TRITON_FORCE_FIRST_CONFIG"
+_force_first = os.environ.pop(_FORCE_FIRST, None)
+
 from vllm import platforms  # noqa: E402
 from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 
@@ -56,6 +63,13 @@ if platforms._current_platform is not None and not isinstance(
         "pass the plugin with -p, not from a conftest"
     )
 platforms._current_platform = CpuAsCudaAlikePlatform()
+
+if _force_first is not None:
+    os.environ[_FORCE_FIRST] = _force_first
+    if _force_first.strip().lower() in ("1", "true"):
+        from vllm.triton_utils import force_first_config  # noqa: E402
+
+        force_first_config.install()  # idempotent (0.33.0 did it on import)
 
 if not torch.accelerator.is_available():
     # Interpreted kernels run synchronously on CPU tensors: the tests' and

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`hybrid-stack port` and the ports' staleness report, on the synthetic tiny
+upstream (tests/conftest.py): a port records the committed series it was made
+from, and status says how far the series has moved on since (never a failure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_rebase import edit, release
+
+from conftest import CORE_V1, Toy, add_entry, git
+from hybrid_stack.port import RECORD, digest, disk_files, lag, load_record, make_record
+
+V2 = CORE_V1.replace("def f11(x):", "def f11(x):  # renamed")
+
+
+def commit_all(toy: Toy, msg: str) -> str:
+    git(toy.root, "add", "--all")
+    git(toy.root, "commit", "-q", "-m", msg)
+    return git(toy.root, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(toy: Toy) -> Toy:
+    """The toy stack on 0.0.1 with two entries, committed in a git repository;
+    0.0.2 on the index (the entries replay onto it: one clean, one 3-way)."""
+    name, sha = release(toy, "0.0.1", CORE_V1)
+    toy.set_pin(name, sha, version="0.0.1")
+    assert toy.cli("apply") == 0
+    add_entry(
+        toy,
+        "clean",
+        {"vllm/core.py": edit(CORE_V1, 1, "    return x + 1  # clean\n"), "vllm/op.py": "A = 1\n"},
+        overlay=("vllm/op.py",),
+    )
+    core = (toy.work / "vllm/core.py").read_text()
+    add_entry(toy, "threeway", {"vllm/core.py": edit(core, 10, "    return x + 10  # 3w\n")})
+    release(toy, "0.0.2", V2)
+    (toy.root / ".gitignore").write_text("work/\nresults/\n")
+    git(toy.root, "init", "-q")
+    commit_all(toy, "the series")
+    return toy
+
+
+def port_dir(toy: Toy) -> Path:
+    return toy.root / "patches" / "ports" / "0.0.2"
+
+
+def status_out(toy: Toy, capsys, *args: str) -> str:
+    capsys.readouterr()
+    assert toy.cli(*args, "status", "--no-apply") == 0  # staleness never fails
+    return capsys.readouterr().out
+
+
+def test_port_records_its_source_and_status_reports_the_lag(repo: Toy, capsys):
+    toy = repo
+    head = git(toy.root, "rev-parse", "HEAD")
+    assert "no ported-from" not in status_out(toy, capsys)
+    assert toy.cli("port", "0.0.2") == 0
+    port = port_dir(toy)
+    assert (port / "patches/pin.toml").read_text().count('version = "0.0.2"') == 1
+    r = load_record(port)
+    assert r is not None and r.commit == head and r.version == "0.0.1"
+    assert r.digest == digest(disk_files(toy.root))  # ports/ is not part of the source
+    assert [n for n, _ in r.entries] == ["clean", "threeway"]
+    assert toy.cli("--root", str(port), "check") == 0
+    out = status_out(toy, capsys)
+    assert "patches/ports/0.0.2 (vLLM 0.0.2): ported from" in out
+    assert "current (the main series is the one it was made from)" in out
+    commit_all(toy, "the port")
+
+    # the series moves on: a new entry, a changed description
+    add_entry(toy, "later", {"vllm/later.py": "L = 1\n"}, overlay=("vllm/later.py",), patch=False)
+    md = toy.root / "patches" / "series.toml"
+    md.write_text(md.read_text().replace("Why: testing clean.", "Why: testing clean, again."))
+    out = status_out(toy, capsys)
+    assert "2 entries behind the series: new later; changed clean" in out
+    assert "refresh: hybrid-stack port 0.0.2" in out
+    out = status_out(toy, capsys, "--root", str(port))
+    assert "2 entries behind the series: new later; changed clean" in out
+    # the port's own files are untouched and still current
+    assert toy.cli("--root", str(port), "check") == 0
+
+
+def test_lag_names_each_kind_of_change(repo: Toy):
+    toy = repo
+    files = disk_files(toy.root)
+    r = make_record("0" * 40, files)
+    assert lag(r, files).current and lag(r, files).behind == 0
+    series = files["patches/series.toml"].decode()
+    # drop 'threeway', change clean's overlay file, move the pin
+    without = series[: series.index('\n[[entry]]\nname = "threeway"')] + "\n"
+    moved = {
+        **files,
+        "patches/series.toml": without.encode(),
+        "overlay/vllm/op.py": b"A = 2\n",
+        "patches/pin.toml": files["patches/pin.toml"].replace(b"0.0.1", b"0.0.9"),
+    }
+    del moved["patches/threeway.patch"]
+    lg = lag(r, moved)
+    assert not lg.current
+    assert (lg.added, lg.changed, lg.removed, lg.pin_moved) == (
+        (),
+        ("clean",),
+        ("threeway",),
+        "0.0.9",
+    )
+    assert lg.text() == (
+        "2 entries behind the series: changed clean; removed threeway; main pin moved to 0.0.9"
+    )
+    # a change outside any entry still says the port is not current
+    other = {**files, "patches/pin.toml": files["patches/pin.toml"] + b"# comment\n"}
+    assert not lag(r, other).current and lag(r, other).behind == 0
+
+
+def test_port_refuses_an_uncommitted_series(repo: Toy, capsys):
+    toy = repo
+    (toy.root / "overlay/vllm/op.py").write_text("A = 3  # edited, not committed\n")
+    capsys.readouterr()
+    assert toy.cli("port", "0.0.2") == 2
+    err = capsys.readouterr().err
+    assert "overlay/vllm/op.py" in err and "commit the series first" in err
+    assert not port_dir(toy).exists()
+
+
+def test_record_is_written_when_a_stopped_port_finishes(repo: Toy, capsys):
+    toy = repo
+    assert toy.cli("port", "0.0.2") == 0
+    first = (port_dir(toy) / RECORD).read_bytes()
+    commit_all(toy, "the port")
+    # 0.0.2 renamed f11's def line: an entry editing that line conflicts there
+    core = (toy.work / "vllm/core.py").read_text()
+    mine = core.replace("def f11(x):", "def f11(x):  # mine")
+    add_entry(toy, "conflict", {"vllm/core.py": mine})
+    head = commit_all(toy, "an entry that conflicts on 0.0.2")
+    capsys.readouterr()
+    assert toy.cli("port", "0.0.2") == 2
+    assert "entry 'conflict' is conflict" in capsys.readouterr().err
+    assert (port_dir(toy) / RECORD).read_bytes() == first  # not yet
+    assert toy.cli("--root", str(port_dir(toy)), "rebase", "--abort") == 0
+    assert (port_dir(toy) / RECORD).read_bytes() == first  # the previous record back
+    git(toy.root, "checkout", "--", "patches/ports")  # the previous port back
+
+    assert toy.cli("port", "0.0.2") == 2
+    work = port_dir(toy) / "work" / "vllm"
+    core = (work / "vllm/core.py").read_text()
+    assert "<<<<<<<" in core
+    (work / "vllm/core.py").write_text(
+        edit(V2, 3, "    return x + 3 + 0  # mine\n")
+        .replace("    return x + 1\n", "    return x + 1  # clean\n")
+        .replace("    return x + 10\n", "    return x + 10  # 3w\n")
+    )
+    git(work, "add", "vllm/core.py")
+    assert toy.cli("--root", str(port_dir(toy)), "rebase", "--continue") == 0
+    r = load_record(port_dir(toy))
+    assert r.commit == head and [n for n, _ in r.entries][-1] == "conflict"
+    assert "current (the main series" in status_out(toy, capsys)
