@@ -39,7 +39,7 @@ from vllm.v1.kv_cache_interface import (
     get_mamba_all_mode_state_slots,
     get_mamba_chunk_aligned_prefill_end,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from .test_prefix_caching import make_request
 
@@ -232,6 +232,9 @@ class _Driver:
             if new is None:
                 break
             self.waiting.pop(0)
+            # As the scheduler does: a waiting request's admission may not
+            # take a running request's protected states, its later steps may.
+            request.status = RequestStatus.RUNNING
             manager.record_prefix_cache_stats(request, num_hit)
             self.hits.append((request, num_hit))
             request.num_computed_tokens = num_hit
@@ -295,12 +298,12 @@ def check_block_accounting(manager: KVCacheManager, running: list[_Running]) -> 
                 if not block.is_null:
                     refs[block.block_id] = refs.get(block.block_id, 0) + 1
     queued: set[int] = set()
-    block: KVCacheBlock | None = pool.free_block_queue.fake_free_list_head
+    node: KVCacheBlock | None = pool.free_block_queue.fake_free_list_head
     while True:
-        block = block.next_free_block  # type: ignore[union-attr]
-        if block is None or block is pool.free_block_queue.fake_free_list_tail:
+        node = node.next_free_block  # type: ignore[union-attr]
+        if node is None or node is pool.free_block_queue.fake_free_list_tail:
             break
-        queued.add(block.block_id)
+        queued.add(node.block_id)
     tier = set(pool._checkpoint_tier)
     protected = set(pool._protected)
     assert not (queued & tier) and not (queued & protected) and not (tier & protected)
@@ -630,3 +633,67 @@ def test_resumed_state_is_protected_while_its_request_runs() -> None:
             assert all(pool._protected.get(b) == "b" for b in hit_ids)
     assert not any(b in pool._protected for b in hit_ids)
     assert all(pool.blocks[b].block_hash is not None for b in hit_ids)
+
+
+def test_admission_does_not_take_protected_states() -> None:
+    """A running request's protected states are free for its own steps but
+    not for an admission: a waiting request that would only fit by evicting
+    them waits (align mode's running request holds those states)."""
+    driver = _Driver("all", 40, 16 * BLOCK_SIZE, 0, seed=0)
+    first = make_request("r", list(range(6 * BLOCK_SIZE + 5)), BLOCK_SIZE, sha256)
+    first.sampling_params.max_tokens = 1 << 20
+    driver.add(first, num_decode=100)
+    pool = driver.manager.block_pool
+    for _ in range(3):
+        driver.step()
+    assert pool._protected and driver.running
+    num_unprotected = pool.get_num_unprotected_free_blocks()
+    # Attention blocks plus one write block per Mamba group: one more block
+    # than the unprotected free ones.
+    num_tokens = (num_unprotected + 1 - NUM_MAMBA_GROUPS) * BLOCK_SIZE - 1
+    assert num_unprotected + 1 <= pool.get_num_free_blocks()
+
+    def waiting_request(request_id: str) -> Request:
+        tokens = [900_000 + t for t in range(num_tokens)]
+        return make_request(request_id, tokens, BLOCK_SIZE, sha256)
+
+    assert driver.manager.allocate_slots(waiting_request("w"), num_tokens) is None
+    running = waiting_request("x")
+    running.status = RequestStatus.RUNNING
+    assert driver.manager.allocate_slots(running, num_tokens) is not None
+
+
+def test_admission_reserves_the_chunk_end_state() -> None:
+    """A prefill chunk that ends inside a block (on the kernel-chunk grid)
+    leaves its last block boundary's state, which align mode keeps (align
+    ends the chunk there, in its write block), in a checkpoint slot: its
+    admission counts one block per Mamba group for it. Two admissions in one
+    step that fill the pool must not leave the first's chunk-end state without
+    a block (without the reserve both fit and neither state is kept)."""
+    chunk = 3 * BLOCK_SIZE + KERNEL_CHUNK
+    # Attention blocks of the chunk plus, per Mamba group, the write block and
+    # the chunk-end block: room for one request with the reserve, for two
+    # without it and nothing left for their chunk-end states.
+    per_request = -(-chunk // BLOCK_SIZE) + 2 * NUM_MAMBA_GROUPS
+    num_free = per_request + 4
+    # The step's token budget admits a second request after a first chunk.
+    driver = _Driver("all", 1 + num_free, chunk + 1, 0, seed=0)
+    for i in range(3):
+        request = make_request(
+            f"r{i}",
+            [(i + 1) * 100_000 + t for t in range(4 * chunk)],
+            BLOCK_SIZE,
+            sha256,
+        )
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=1)
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert driver.running
+    anchor_idx = chunk // BLOCK_SIZE - 1
+    for run in driver.running:
+        assert run.request.num_computed_tokens == chunk
+        for manager in _mamba_managers(driver.manager):
+            blocks = manager.req_to_blocks[run.request.request_id]
+            assert not blocks[anchor_idx].is_null, run.request.request_id
+            assert blocks[anchor_idx].block_hash is not None
