@@ -135,3 +135,69 @@ def test_merge_writes_the_allmode_result(tmp_path, fake_engines):
     assert "Decode throughput of one request, align vs all" in md
     with pytest.raises(SystemExit, match="no e2e-part"):
         harness.merge(tmp_path)
+
+
+def test_the_allmode_plan_splits_into_parts_per_mtp_k():
+    """One named plan over several device calls: --suite / --set keep one
+    suite or one MTP k, and the part is named after it (names a device call
+    hands back: letters, digits, '.', '_', '+', '-')."""
+    bench, plan, label = harness.select_plan("qwen3.5-9b-like", "allmode", [], ["ks=[1]"])
+    assert bench == "e2e-allmode"
+    # every suite with ks gets it; the named plan itself is left alone
+    assert plan["allmode"]["ks"] == [1] and plan["ttft"]["ks"] == [1]
+    assert harness.NAMED_PLANS["allmode"]["qwen3.5-9b-like"]["allmode"]["ks"] == [0, 1, 2, 3]
+    assert label == "ks-1"
+    _, plan, label = harness.select_plan(
+        "qwen3.5-9b-like", "allmode", ["allmode"], ["allmode.ks=[0, 3]"]
+    )
+    assert list(plan) == ["allmode"] and plan["allmode"]["ks"] == [0, 3]
+    assert plan["allmode"]["prefixes"] == harness.ALLMODE_MATRIX["prefixes"]
+    assert label == "allmode-allmode.ks-0_3"
+    _, plan, label = harness.select_plan("qwen3.5-9b-like", "allmode", ["ttft"], [])
+    assert list(plan) == ["ttft"] and label == "ttft"
+    assert harness.select_plan("tiny-qwen3.5", "allmode", [], [])[2] == ""
+    path = harness.part_path(Path("o"), "e2e-allmode", "tiny-qwen3.5", "ks-1")
+    assert path.name == "e2e-allmode-part-tiny-qwen3.5--ks-1.json"
+    assert all(c.isalnum() or c in "._+-" for c in path.name)
+    with pytest.raises(ValueError, match="no suite of the plan takes"):
+        harness.select_plan("tiny-qwen3.5", "allmode", [], ["k=[1]"])
+    with pytest.raises(ValueError, match="has no suite ttft"):
+        harness.select_plan("tiny-qwen3.5", "allmode", ["ttft"], [])
+
+
+def test_parts_of_one_model_merge_into_one_allmode_result(tmp_path, fake_engines):
+    """Each MTP k in its own process (device call), the parts gathered in one
+    folder: --merge --plan=allmode writes one e2e-allmode-<gpu>.json with
+    every k's rows and the compiled-op calls summed per model."""
+    env = {
+        "gpu": "h200",
+        "gpu_name": "NVIDIA H200",
+        "torch": "2.11",
+        "triton": "3.6.0",
+        "vllm_base": "0.33.0",
+        "cuda": "13.0",
+    }
+    for k in (0, 1, 2, 3):
+        bench, plan, label = harness.select_plan("tiny-qwen3.5", "allmode", [], [f"ks=[{k}]"])
+        rows = harness.suite_allmode(harness.Engine("tiny-qwen3.5"), **plan["allmode"], failures=[])
+        for r in rows:
+            r["suite"] = "allmode"
+        part = {
+            "model": "tiny-qwen3.5",
+            "rows": rows,
+            "failures": [],
+            "compiled_ops": {"_C.weak_ref_tensor": 10},
+            "plan": plan,
+            "env": env,
+            "command": f"python3 e2e/harness.py --model tiny-qwen3.5 --plan=allmode --set=ks=[{k}]",
+            "created": f"2026-12-01T00:0{k}:00Z",
+        }
+        harness.part_path(tmp_path, bench, "tiny-qwen3.5", label).write_text(json.dumps(part))
+    assert harness.main(["--merge", "--out", str(tmp_path), "--plan=allmode"]) == 0
+    result = json.loads((tmp_path / "e2e-allmode-h200.json").read_text())
+    assert common.validate(result) == []
+    assert sorted({r["case"]["mtp_k"] for r in result["rows"]}) == [0, 1, 2, 3]
+    decode = [r for r in result["rows"] if r["metric"] == "decode_tok_per_s"]
+    assert sorted(r["case"]["mtp_k"] for r in decode) == [0, 1, 2, 3]
+    assert result["compiled_ops_called"] == {"tiny-qwen3.5": {"_C.weak_ref_tensor": 40}}
+    assert result["created"] == "2026-12-01T00:03:00Z"

@@ -36,8 +36,11 @@ process):
               ``decode_tok_per_s`` (baseline align, value all). Run by the
               named plan ``--plan allmode`` (result ``e2e-allmode-<gpu>``).
 
-Each process writes ``<out>/e2e-part-<model>.json``; ``--merge`` joins the parts
-into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common results schema).
+Each process writes ``<out>/e2e-part-<model>.json`` (``e2e-<plan>-part-...`` for
+a named plan; ``<model>--<label>`` when ``--suite`` / ``--set`` run only part of
+the plan, e.g. ``--plan allmode --set ks=[1]``, one MTP k per device call);
+``--merge`` joins the parts into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common
+results schema).
 """
 
 from __future__ import annotations
@@ -655,6 +658,62 @@ def bench_name(plan_name: str | None) -> str:
     return BENCH if plan_name is None else f"{BENCH}-{plan_name}"
 
 
+def _label_value(v: Any) -> str:
+    items = v if isinstance(v, list) else [v]
+    return "_".join(str(x) for x in items)
+
+
+def select_plan(
+    model: str, plan_arg: str | None, suites: list[str], sets: list[str]
+) -> tuple[str, dict[str, dict[str, Any]], str]:
+    """The bench name, the plan a process runs and its part's label.
+
+    ``plan_arg``: a named plan, a JSON plan, or None (the model's own).
+    ``suites`` keeps only those suites; each of ``sets`` (``KEY=JSON`` or
+    ``SUITE.KEY=JSON``) replaces that argument in every kept suite that has it
+    (or in SUITE only), so that one named plan runs over several processes
+    (device calls), e.g. ``--plan allmode --set ks=[1]``. The label (empty
+    for the whole plan) names the part, so the parts of one model sit side by
+    side and ``--merge`` joins them into the named plan's one result."""
+    plan_name = plan_arg if plan_arg in NAMED_PLANS else None
+    if plan_name is not None:
+        if model not in NAMED_PLANS[plan_name]:
+            raise ValueError(
+                f"plan {plan_name} covers {', '.join(NAMED_PLANS[plan_name])}, not {model}"
+            )
+        plan = NAMED_PLANS[plan_name][model]
+    else:
+        plan = json.loads(plan_arg) if plan_arg else PLANS[model]
+    label: list[str] = []
+    if suites:
+        missing = [x for x in suites if x not in plan]
+        if missing:
+            raise ValueError(f"{model}'s plan has no suite {', '.join(missing)}: {sorted(plan)}")
+        plan = {x: plan[x] for x in suites}
+        label.append("+".join(suites))
+    plan = {x: dict(kw) for x, kw in plan.items()}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item}: expected KEY=JSON or SUITE.KEY=JSON")
+        suite, _, key = key.rpartition(".")
+        value = json.loads(raw)
+        hit = [x for x, kw in plan.items() if (not suite or x == suite) and key in kw]
+        if not hit:
+            raise ValueError(f"--set {item}: no suite of the plan takes {key}")
+        for x in hit:
+            plan[x][key] = value
+        label.append(f"{suite + '.' if suite else ''}{key}-{_label_value(value)}")
+    text = "-".join(label)
+    text = "".join(c if c.isalnum() or c in "._+-" else "_" for c in text)
+    return bench_name(plan_name), plan, text
+
+
+def part_path(out: Path, bench: str, model: str, label: str = "") -> Path:
+    """``<out>/<bench>-part-<model>[--<label>].json``."""
+    return out / f"{bench}-part-{model}{'--' + label if label else ''}.json"
+
+
 def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
     """One result (the common schema) from the parts in ``out``. The parts carry
     the facts of the machine they ran on (so this needs no GPU); parts of
@@ -688,7 +747,7 @@ def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
             "weights": f"dummy, redrawn from seed {WEIGHT_SEED} (harness.redraw_weights)",
         },
         "failures": [f for p in parts for f in p["failures"]],
-        "compiled_ops_called": {p["model"]: p["compiled_ops"] for p in parts},
+        "compiled_ops_called": _compiled_ops_per_model(parts),
         # models whose engines ran beside other harness processes on the GPU
         # (their timed requests serialized by --gpu-lock, their start-ups not)
         "shared_gpu": sorted(p["model"] for p in parts if p.get("shared_gpu")),
@@ -704,6 +763,16 @@ def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
         ),
     }
     return result
+
+
+def _compiled_ops_per_model(parts: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Each model's compiled-op calls, summed over its parts."""
+    got: dict[str, dict[str, int]] = {}
+    for p in parts:
+        mine = got.setdefault(p["model"], {})
+        for op, n in p["compiled_ops"].items():
+            mine[op] = mine.get(op, 0) + n
+    return got
 
 
 def _cell(x: Any) -> str:
@@ -820,6 +889,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a named plan (" + ", ".join(NAMED_PLANS) + "; written to e2e-<name>-<gpu>.json) "
         "or a JSON object overriding the model's plan (suite -> args)",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[SUITE.]KEY=JSON",
+        help="replace a suite argument of the plan (e.g. ks=[1]: one MTP k), to split a "
+        "plan over several processes; the part is named after it, --merge joins them",
+    )
+    p.add_argument("--part", help="the part's label (default: from --suite and --set)")
     p.add_argument("--eager", action="store_true", help="enforce_eager engines (say why)")
     p.add_argument(
         "--gpu-memory-utilization",
@@ -855,16 +933,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model:
         p.error("--model or --merge is required")
-    if plan_name is not None:
-        if args.model not in NAMED_PLANS[plan_name]:
-            p.error(
-                f"plan {plan_name} covers {', '.join(NAMED_PLANS[plan_name])}, not {args.model}"
-            )
-        plan = NAMED_PLANS[plan_name][args.model]
-    else:
-        plan = json.loads(args.plan) if args.plan else PLANS[args.model]
-    if args.suite:
-        plan = {s: plan[s] for s in args.suite}
+    try:
+        bench, plan, label = select_plan(args.model, args.plan, args.suite, args.set)
+    except ValueError as e:
+        p.error(str(e))
+    if args.part is not None:
+        label = args.part
     os.environ.update(ENGINE_ENV)
     # tensor-parallel workers are processes of their own: they import this
     # module (redraw_weights travels by name) and the shims
@@ -888,7 +962,7 @@ def main(argv: list[str] | None = None) -> int:
     part["command"] = common.command_line()
     part["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     part["shared_gpu"] = args.gpu_lock is not None
-    (args.out / f"{bench}-part-{args.model}.json").write_text(json.dumps(part, indent=1) + "\n")
+    part_path(args.out, bench, args.model, label).write_text(json.dumps(part, indent=1) + "\n")
     bad = [r for r in part["rows"] if r["metric"] == "identical" and r["value"] != 1.0]
     print(
         f"[e2e] {args.model}: {len(part['rows'])} rows, {len(bad)} not identical, "
