@@ -648,9 +648,10 @@ def test_admission_does_not_take_protected_states() -> None:
         driver.step()
     assert pool._protected and driver.running
     num_unprotected = pool.get_num_unprotected_free_blocks()
-    # Attention blocks plus one write block per Mamba group: one more block
-    # than the unprotected free ones.
-    num_tokens = (num_unprotected + 1 - NUM_MAMBA_GROUPS) * BLOCK_SIZE - 1
+    # Attention blocks plus, per Mamba group, one write block and the prompt
+    # checkpoint's block: one more block than the unprotected free ones.
+    num_tokens = (num_unprotected + 1 - 2 * NUM_MAMBA_GROUPS) * BLOCK_SIZE - 1
+    assert num_tokens > 2 * BLOCK_SIZE
     assert num_unprotected + 1 <= pool.get_num_free_blocks()
 
     def waiting_request(request_id: str) -> Request:
@@ -697,3 +698,38 @@ def test_admission_reserves_the_chunk_end_state() -> None:
             blocks = manager.req_to_blocks[run.request.request_id]
             assert not blocks[anchor_idx].is_null, run.request.request_id
             assert blocks[anchor_idx].block_hash is not None
+
+
+def test_admission_reserves_the_prompt_checkpoint() -> None:
+    """An admission whose step holds the prompt's checkpoint (align mode's
+    prefill checkpoint, which align allocates with the chunk) counts one
+    block per Mamba group for it. Two admissions in one step that fill the
+    pool must not leave the first's prompt checkpoint without a block
+    (without the reserve both fit and the first's checkpoint is skipped, so
+    a request sharing that prompt resumes a block lower)."""
+    num_prompt = 3 * BLOCK_SIZE + 5
+    prompt_idx = (num_prompt - 1) // BLOCK_SIZE - 1
+    num_attn = -(-num_prompt // BLOCK_SIZE)
+    # Two admissions without the reserve (attention blocks and a write block
+    # per Mamba group each) leave one block too few for a checkpoint; with
+    # the reserve the second does not fit.
+    num_free = 2 * (num_attn + NUM_MAMBA_GROUPS) + NUM_MAMBA_GROUPS - 1
+    driver = _Driver("all", 1 + num_free, 2 * num_prompt, 0, seed=0)
+    for i in range(2):
+        request = make_request(
+            f"r{i}",
+            [(i + 1) * 100_000 + t for t in range(num_prompt)],
+            BLOCK_SIZE,
+            sha256,
+        )
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=1)
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert driver.running
+    for run in driver.running:
+        assert run.request.num_computed_tokens == num_prompt
+        for manager in _mamba_managers(driver.manager):
+            blocks = manager.req_to_blocks[run.request.request_id]
+            assert not blocks[prompt_idx].is_null, run.request.request_id
+            assert blocks[prompt_idx].block_hash is not None
