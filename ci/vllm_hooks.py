@@ -89,6 +89,19 @@ class Hook:
     types: list[str] = field(default_factory=list)
     types_or: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_config(cls, hid: str, argv: list[str], h: dict, types: dict) -> Hook:
+        """The hook as the config declares it; ``types`` fills in the type
+        filters the hook's own repository declares (not in the config)."""
+        return cls(
+            hid,
+            argv,
+            h.get("files", ""),
+            h.get("exclude", "^$"),
+            h.get("types", types.get("types", [])),
+            h.get("types_or", types.get("types_or", [])),
+        )
+
     def select(self, paths: Iterable[str], top_exclude: str) -> list[str]:
         out = []
         for p in paths:
@@ -117,31 +130,13 @@ def load_hooks(config: Path) -> tuple[str, list[Hook]]:
         h = by_id.get(hid)
         if h is None:
             continue
-        hooks.append(
-            Hook(
-                hid,
-                argv,
-                h.get("files", ""),
-                h.get("exclude", "^$"),
-                h.get("types", types.get("types", [])),
-                h.get("types_or", types.get("types_or", [])),
-            )
-        )
+        hooks.append(Hook.from_config(hid, argv, h, types))
     for hid in LOCAL:
         h = by_id.get(hid)
         if h is None:
             raise SystemExit(f"vllm-hooks: {config} has no hook '{hid}'")
         argv = shlex.split(h["entry"]) + list(h.get("args", []))
-        hooks.append(
-            Hook(
-                hid,
-                argv,
-                h.get("files", ""),
-                h.get("exclude", "^$"),
-                h.get("types", []),
-                h.get("types_or", []),
-            )
-        )
+        hooks.append(Hook.from_config(hid, argv, h, {}))
     return cfg.get("exclude", ""), hooks
 
 
