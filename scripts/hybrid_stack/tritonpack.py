@@ -127,7 +127,7 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def split(archive: Path, out: Path, part_mib: float) -> list[dict]:
+def split(archive: Path, out: Path, name: str, part_mib: float) -> list[dict]:
     """Cut ``archive`` into ``<name>.NN`` files in ``out``; [{name, size, sha256}]."""
     limit = int(part_mib * 2**20)
     if limit < 2**20:
@@ -135,9 +135,9 @@ def split(archive: Path, out: Path, part_mib: float) -> list[dict]:
     parts: list[dict] = []
     with archive.open("rb") as f:
         while chunk := f.read(limit):
-            name = f"{archive.name}.{len(parts) + 1:02d}"
-            (out / name).write_bytes(chunk)
-            parts.append({"name": name, "size": len(chunk), "sha256": sha256_bytes(chunk)})
+            part = f"{name}.{len(parts) + 1:02d}"
+            (out / part).write_bytes(chunk)
+            parts.append({"name": part, "size": len(chunk), "sha256": sha256_bytes(chunk)})
     return parts
 
 
@@ -201,24 +201,19 @@ def write_pack(wheel: Path, out: Path, part_mib: float, stripper: Stripper = str
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("triton-*.tar.xz.*"):
         old.unlink()
-    archive = out / f"triton-{version}-{pytag}.tar.xz"
-    shutil.copyfile(cached, archive)
-    try:
-        parts = split(archive, out, part_mib)
-        pack = {
-            "format": FORMAT,
-            "triton": version,
-            "python": f"{pytag[2]}.{pytag[3:]}",
-            "wheel": {"name": wheel.name, "sha256": wheel_sha},
-            **meta,
-            "archive": {
-                "name": archive.name,
-                "size": archive.stat().st_size,
-                "sha256": downloads.sha256_file(archive),
-            },
-            "parts": parts,
-        }
-    finally:
-        archive.unlink()
+    name = f"triton-{version}-{pytag}.tar.xz"
+    pack = {
+        "format": FORMAT,
+        "triton": version,
+        "python": f"{pytag[2]}.{pytag[3:]}",
+        "wheel": {"name": wheel.name, "sha256": wheel_sha},
+        **meta,
+        "archive": {
+            "name": name,
+            "size": cached.stat().st_size,
+            "sha256": downloads.sha256_file(cached),
+        },
+        "parts": split(cached, out, name, part_mib),
+    }
     (out / INDEX_NAME).write_text(json.dumps(pack, indent=1) + "\n")
     return pack
