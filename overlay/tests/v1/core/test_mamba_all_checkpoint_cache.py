@@ -733,3 +733,62 @@ def test_admission_reserves_the_prompt_checkpoint() -> None:
             blocks = manager.req_to_blocks[run.request.request_id]
             assert not blocks[prompt_idx].is_null, run.request.request_id
             assert blocks[prompt_idx].block_hash is not None
+
+
+def test_unwritten_prompt_checkpoint_protects_the_read_slot() -> None:
+    """A running request's final prefill chunk takes its prompt checkpoint
+    from spare blocks only. When a same-step admission leaves none, the
+    checkpoint is skipped; the request's read slot, which the step writes up
+    to its block boundary (the highest state below the skipped one), is then
+    protected in its place until the request finishes, as align mode holds
+    its checkpoint, instead of joining the LRU queue for the next admission
+    to evict. A reader of the prompt resumes from it afterwards."""
+    num_prompt = 4 * BLOCK_SIZE + 40
+    prompt_idx = (num_prompt - 1) // BLOCK_SIZE - 1
+    # First chunk: two blocks and a kernel chunk, so the final chunk starts
+    # inside block 2 and writes its boundary into the read slot in place.
+    budget = 2 * BLOCK_SIZE + KERNEL_CHUNK
+    read_idx = budget // BLOCK_SIZE
+    # With 18 blocks the final chunk of "a" and the admission of "b" (in the
+    # budget left over) leave one unprotected block, fewer than the Mamba
+    # groups need for the prompt checkpoint.
+    driver = _Driver("all", 18, budget, 0, seed=0)
+    tokens = list(range(num_prompt))
+    first = make_request("a", tokens, BLOCK_SIZE, sha256)
+    other = make_request(
+        "b", [500_000 + t for t in range(3 * BLOCK_SIZE)], BLOCK_SIZE, sha256
+    )
+    for request in (first, other):
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=4)
+    pool = driver.manager.block_pool
+    managers = _mamba_managers(driver.manager)
+    driver.step()
+    assert first.num_computed_tokens == budget
+    read_ids = [m.req_to_blocks["a"][read_idx].block_id for m in managers]
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert first.num_computed_tokens == num_prompt
+    assert [run.request.request_id for run in driver.running] == ["a", "b"]
+    # The prompt checkpoint was not written for want of a block.
+    assert pool.num_checkpoints_skipped > 0
+    assert all(m.req_to_blocks["a"][prompt_idx].is_null for m in managers)
+    # The next step retires the read slot: protected, owned by "a".
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert all(m.req_to_blocks["a"][read_idx].is_null for m in managers)
+    assert all(pool._protected.get(b) == "a" for b in read_ids)
+    while driver.running:
+        driver.step()
+    assert not any(b in pool._protected for b in read_ids)
+    assert all(pool.blocks[b].block_hash is not None for b in read_ids)
+    reader = make_request(
+        "r",
+        tokens[: (read_idx + 1) * BLOCK_SIZE] + [900_000 + t for t in range(40)],
+        BLOCK_SIZE,
+        sha256,
+    )
+    reader.sampling_params.max_tokens = 1 << 20
+    driver.add(reader, num_decode=1)
+    driver.step()
+    assert driver.hits[-1] == (reader, (read_idx + 1) * BLOCK_SIZE)
