@@ -18,7 +18,12 @@ from tests.v1.attention.utils import (
     create_common_attn_metadata,
     create_vllm_config,
 )
-from vllm.config import SpeculativeConfig
+from vllm.config import (
+    CacheConfig,
+    ModelConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
 from vllm.config.compilation import CUDAGraphMode
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
     _resolve_gdn_prefill_backend,
@@ -119,6 +124,37 @@ def test_spec_decode_rows_read_anchors_and_write_slots(monkeypatch) -> None:
         md.spec_conv_state_read_indices.data_ptr()
         == builder.spec_state_read_indices[1].data_ptr()
     )
+
+
+def test_spec_read_indices_of_padded_rows_are_null(monkeypatch) -> None:
+    """The layer passes the speculative read indices untrimmed: a capture
+    gives exactly one per speculative row, and the rows a FULL graph replay
+    pads (zero-length, no drafts) read and write only the null block."""
+    k = 2
+    builder = _builder(k, monkeypatch)
+    common, _ = _common([130, 70], [3, 3])
+    md = builder.build_for_cudagraph_capture(common)
+    assert md.spec_state_read_indices is not None
+    assert md.spec_state_read_indices.shape == (md.num_spec_decodes,) == (2,)
+
+    # Replay-time build: two real speculative rows, two padded ones.
+    common, table = _common([130, 70, 0, 0], [3, 3, 0, 0])
+    md = builder.build(
+        0,
+        common,
+        num_accepted_tokens=torch.ones(4, dtype=torch.int32),
+        num_decode_draft_tokens_cpu=torch.tensor([k, k, -1, -1], dtype=torch.int32),
+        mamba_read_anchors=torch.tensor([7, 8, 9, 10], dtype=torch.int32),
+    )
+    assert md.num_spec_decodes == 2 and md.num_prefills == md.num_decodes == 0
+    assert md.spec_state_indices_tensor is not None
+    assert md.spec_state_read_indices is not None
+    assert md.spec_conv_state_read_indices is not None
+    assert md.spec_state_read_indices.tolist() == [7, 8, NULL_BLOCK_ID, NULL_BLOCK_ID]
+    assert md.spec_conv_state_read_indices[2:].tolist() == [NULL_BLOCK_ID] * 2
+    assert md.spec_state_indices_tensor[2:].tolist() == [[NULL_BLOCK_ID] * (k + 1)] * 2
+    assert md.spec_query_start_loc is not None
+    assert md.spec_query_start_loc.tolist() == [0, 3, 6, 6, 6]
 
 
 def test_mixed_batch_prefill_rows_and_checkpoints(monkeypatch) -> None:
@@ -244,6 +280,39 @@ def test_v1_runner_with_drafts_refuses_all_mode(monkeypatch) -> None:
     )
     builder = GDNAttentionMetadataBuilder(spec0, ["layer.0"], _vllm_config(0), DEVICE)
     assert builder.all_mode_slots is not None
+
+
+def _all_mode_vllm_config(**kwargs) -> VllmConfig:
+    return VllmConfig(
+        model_config=ModelConfig(model="Qwen/Qwen3.5-0.8B", max_model_len=1024),
+        cache_config=CacheConfig(
+            block_size=BLOCK, enable_prefix_caching=True, mamba_cache_mode="all"
+        ),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("requested", ["flashinfer", "cutedsl", "aiter_flydsl", "sycl"])
+def test_config_refuses_prefill_backends_without_checkpoints(requested) -> None:
+    """At startup (VllmConfig), not when the layers are built."""
+    with pytest.raises(ValueError, match="only 'triton'"):
+        _all_mode_vllm_config(additional_config={"gdn_prefill_backend": requested})
+    cfg = _all_mode_vllm_config(additional_config={"gdn_prefill_backend": "triton"})
+    assert cfg.cache_config.mamba_cache_mode == "all"
+
+
+def test_config_refuses_drafts_on_the_v1_runner(monkeypatch) -> None:
+    """At startup (VllmConfig), not when the attention builders are built."""
+
+    def drafts() -> SpeculativeConfig:
+        return SpeculativeConfig(method="ngram", num_speculative_tokens=2)
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(ValueError, match="needs Model Runner V2"):
+        _all_mode_vllm_config(speculative_config=drafts())
+    assert _all_mode_vllm_config().speculative_config is None
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert _all_mode_vllm_config(speculative_config=drafts()).use_v2_model_runner
 
 
 # The layer's kernel calls in all mode, through the real `_forward_core` (the
