@@ -805,3 +805,16 @@ def test_ssd_prefill_checked_run_prefills_and_counts_unwritten():
     assert off["out_rel_err"] == pytest.approx(1.0) and off["nan_outputs"] == 0
     part = ssd_prefill.checked_run(s, kernel([3.0, 4.0], [1.0]), ref)
     assert part["nan_outputs"] == 3
+
+
+def test_walk_leaves_out_tool_caches(tmp_path: Path):
+    """A working copy's tool caches (a linter run inside bundle_data/e2e
+    once put .ruff_cache in the bundle) never travel."""
+    (tmp_path / "e2e" / "models").mkdir(parents=True)
+    (tmp_path / "e2e" / "harness.py").write_text("")
+    (tmp_path / "e2e" / "models" / "config.json").write_text("{}")
+    for cache in (".ruff_cache/0.17.6", "__pycache__", ".hypothesis/examples", ".pytest_cache"):
+        (tmp_path / "e2e" / cache).mkdir(parents=True)
+        (tmp_path / "e2e" / cache / "x").write_text("")
+    got = [p.relative_to(tmp_path).as_posix() for p in bundle.walk(tmp_path)]
+    assert got == ["e2e/harness.py", "e2e/models/config.json"]

@@ -58,6 +58,9 @@ class FakeRunner:
             out.append(harness.Served(toks, cached, ms))
         return out
 
+    def reset_cache(self):
+        self.seen.clear()
+
     def counters(self):
         return {"prefix_cache_hits": 1.0}
 
@@ -83,14 +86,15 @@ def test_allmode_suite_rows(fake_engines):
         (mode, k) for k in (0, 2) for mode in ("none", "align", "all")
     ]
     ident = [r for r in rows if r["metric"] == "identical"]
-    # 2 ks x 2 modes x 3 prefixes x 3 scenarios
-    assert len(ident) == 36
+    # 2 ks x 2 modes x 3 prefixes x 5 scenarios
+    assert len(ident) == 60
     bad = [
         (r["case"]["mode"], r["case"]["mtp_k"], r["prefix_tokens"], r["case"]["scenario"])
         for r in ident
         if r["value"] != 1.0
     ]
-    assert bad == [("all", 2, 2000, "same-twice")]
+    # the wrong cached state shows against caching off and against the cold run
+    assert bad == [("all", 2, 2000, "same-twice"), ("all", 2, 2000, "same-twice-vs-cold")]
     shared = [r for r in ident if r["case"]["scenario"] == "shared-prefix"]
     assert {r["ideal_cached_tokens"] for r in shared} == {n // BLOCK * BLOCK for n in m["prefixes"]}
     ttft = [r for r in rows if r["metric"] == "ttft_ms"]
@@ -201,3 +205,68 @@ def test_parts_of_one_model_merge_into_one_allmode_result(tmp_path, fake_engines
     assert sorted(r["case"]["mtp_k"] for r in decode) == [0, 1, 2, 3]
     assert result["compiled_ops_called"] == {"tiny-qwen3.5": {"_C.weak_ref_tensor": 40}}
     assert result["created"] == "2026-12-01T00:03:00Z"
+
+
+class SplitRunner(FakeRunner):
+    """Modes other than none compute in other arithmetic than the reference
+    (a split prefill): every request leaves the reference's tokens at token
+    3, cached or not; with ``corrupt``, a cache hit also changes token 9."""
+
+    corrupt = False
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.calls: list[str] = []
+
+    def reset_cache(self):
+        self.calls.append("reset")
+        super().reset_cache()
+
+    def serve(self, prompts, max_tokens):
+        self.calls.append("serve")
+        out = super().serve(prompts, max_tokens)
+        for s in out:
+            if self.spec.mode != "none":
+                s.tokens[3] += 1
+                if self.corrupt and s.cached:
+                    s.tokens[9] += 1
+        return out
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_identity_rows_separate_split_arithmetic_from_cache_hits(monkeypatch, corrupt):
+    """The rows against prefix caching off show the split's arithmetic; the
+    -vs-cold rows (the same engine, its cache reset) show only what a cache
+    hit changes, and their cold run of the shared-prefix prompt hits nothing."""
+    runners = []
+
+    @contextmanager
+    def engine(spec, failures):
+        runner = SplitRunner(spec)
+        runner.corrupt = corrupt
+        runners.append(runner)
+        yield runner
+
+    monkeypatch.setattr(harness, "engine", engine)
+    length, shared = 4 * BLOCK + 100, 2 * BLOCK + 10
+    rows = harness.suite_identity(
+        harness.Engine("tiny-qwen3.5"),
+        modes=["align"],
+        ks=[0],
+        length=length,
+        shared=shared,
+        failures=[],
+    )
+    by = {r["case"]["scenario"]: r for r in rows}
+    assert set(by) == {"cold", "same-twice", "shared-prefix", *harness.VS_COLD}
+    for scenario in ("cold", "same-twice", "shared-prefix"):
+        assert by[scenario]["value"] == 0.0 and by[scenario]["first_divergence"] == 3
+    assert by["same-twice"]["cached_tokens"] == 4 * BLOCK
+    # the fake caches whole-block prefixes of whole prompts only: the
+    # shared-prefix prompt hits nothing, its cold run is the same computation
+    assert by["shared-prefix-vs-cold"]["value"] == 1.0
+    assert by["same-twice-vs-cold"]["value"] == (0.0 if corrupt else 1.0)
+    if corrupt:
+        assert by["same-twice-vs-cold"]["first_divergence"] == 9
+    # the cache was reset before the cold run of the shared-prefix prompt
+    assert runners[-1].calls == ["serve"] * 3 + ["reset", "serve"]

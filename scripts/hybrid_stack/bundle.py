@@ -159,7 +159,8 @@ LIBRARY_BLOCK = re.compile(r"STABLE_TORCH_LIBRARY(?:_FRAGMENT)?\(\s*(\w+)\s*,\s*
 C_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 HASATTR_OP = re.compile(r'hasattr\(\s*torch\.ops\.(\w+)\s*,\s*"(\w+)"\s*\)')
 
-SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache"}
+# tool caches a working copy accumulates (never bundle content)
+SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"}
 SKIP_SUFFIXES = (".so", ".pyc", ".pyo", ".pyd", ".o", ".a")
 TESTS_IMPORT = re.compile(r"^\s*(?:from|import)\s+(tests(?:\.\w+)+)", re.MULTILINE)
 
