@@ -14,6 +14,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -593,6 +594,117 @@ def test_committed_results_follow_the_schema():
         md = path.with_suffix(".md")
         assert md.is_file(), f"{md.name} missing beside {path.name}"
         assert data["command"] in md.read_text()
+
+
+def _parts(tmp_path: Path) -> tuple[Path, Path]:
+    """A run stopped after its first row (write_partial's file) and a --cases
+    run of the second row, as two device calls leave them."""
+    first, rest = fake_result(), fake_result()
+    first.update(command="python run.py --bench demo --out o/1", created="2026-01-01T00:00:00Z")
+    rest.update(
+        command="python run.py --bench demo --bench-arg=--cases=4k:8 --out o/2",
+        created="2026-01-01T01:00:00Z",
+        rows=first["rows"][1:],
+        timing="events",
+        notes={"value": "the stack's kernel"},
+    )
+    a = tmp_path / "1"
+    common.write_partial(dict(first, rows=first["rows"][:1]), SimpleNamespace(out=a))
+    b = tmp_path / "2" / "demo-h200.json"
+    b.parent.mkdir()
+    b.write_text(json.dumps(rest))
+    return a / "demo-h200.partial.json", b
+
+
+def test_merge_joins_parts_in_order_and_keeps_their_commands(tmp_path: Path):
+    a, b = _parts(tmp_path)
+    out = tmp_path / "merged"
+    assert common.main(["--merge", "--out", str(out), str(b), str(a)]) == 0
+    merged = json.loads((out / "demo-h200.json").read_text())
+    assert common.validate(merged) == []
+    parts = [json.loads(a.read_text()), json.loads(b.read_text())]
+    # rows in the order the parts were given
+    assert merged["rows"] == parts[1]["rows"] + parts[0]["rows"]
+    assert [r["case"]["tokens"] for r in merged["rows"]] == [4096, 1024]
+    # the partial note goes, the complete part's notes and facts stay
+    assert merged["notes"] == {"value": "the stack's kernel"} and merged["timing"] == "events"
+    assert merged["command"].startswith(f"{parts[1]['command']} && {parts[0]['command']} && ")
+    assert merged["command"].endswith(f"&& python3 bench/common.py --merge --out {out} {b} {a}")
+    assert merged["parts"] == [
+        {"command": parts[1]["command"], "created": "2026-01-01T01:00:00Z", "rows": 1,
+         "partial": False},
+        {"command": parts[0]["command"], "created": "2026-01-01T00:00:00Z", "rows": 1,
+         "partial": True},
+    ]  # fmt: skip
+    assert merged["created"] == "2026-01-01T01:00:00Z"
+    md = (out / "demo-h200.md").read_text()
+    assert merged["command"] in md and md.count("\n| ") == 3
+    assert "- part 2: `python run.py --bench demo --out o/1`" in md
+    assert "stopped before its last case" in md and "- partial:" not in md
+    # a merged table merges again: its parts stay the parts that were measured
+    again = common.merge([merged], merge_command="m")
+    assert again["parts"] == merged["parts"] and again["rows"] == merged["rows"]
+    assert again["command"] == f"{merged['command']} && m"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"bench": "other"}, "parts differ in 'bench'"),
+        ({"gpu": "a100"}, "parts differ in 'gpu'"),
+        ({"torch": "t2"}, "parts differ in 'torch'"),
+        ({"triton": "3.6.0"}, "parts differ in 'triton'"),
+        ({"vllm_base": "0.32.0"}, "parts differ in 'vllm_base'"),
+        ({"timing": "wall clock"}, "parts differ in 'timing'"),
+        ({"notes": {"value": "other"}}, "notes['value']"),
+        ({"rows": "dup"}, "measured twice"),
+        ({"command": 1}, "breaks the schema: field 'command': expected str, got int"),
+    ],
+)
+def test_merge_refuses_parts_that_are_not_one_table(tmp_path: Path, capsys, change, reason):
+    a, b = _parts(tmp_path)
+    # the stopped part carries the complete one's facts and notes too, where it agrees
+    part = json.loads(a.read_text())
+    part["notes"]["value"] = "the stack's kernel"
+    a.write_text(json.dumps(dict(part, timing="events")))
+    assert common.merge([json.loads(a.read_text()), json.loads(b.read_text())])
+    part = json.loads(b.read_text())
+    if change.get("rows") == "dup":  # the first part's case again
+        change = {"rows": json.loads(a.read_text())["rows"]}
+    b.write_text(json.dumps(dict(part, **change)))
+    out = tmp_path / "merged"
+    with pytest.raises(common.MergeError, match=re.escape(reason)):
+        common.merge([json.loads(a.read_text()), json.loads(b.read_text())], [str(a), str(b)])
+    assert common.main(["--merge", "--out", str(out), str(a), str(b)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("merge refused: ") and reason in err[0]
+    assert not out.exists()  # nothing written
+
+
+def test_merge_runs_from_an_unpacked_bundle(tmp_path: Path):
+    """bench/common.py is a plain script there (no hybrid_stack package)."""
+    a, b = _parts(tmp_path)
+    bench = tmp_path / "bundle" / "bench"
+    bench.mkdir(parents=True)
+    bench.joinpath("common.py").write_text(Path(common.__file__).read_text())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cmd = [sys.executable, "-S", "bench/common.py", "--merge", "--out", "m", str(a), str(b)]
+    p = subprocess.run(cmd, cwd=bench.parent, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    merged = json.loads((bench.parent / "m" / "demo-h200.json").read_text())
+    assert len(merged["rows"]) == 2 and merged["parts"][0]["partial"] is True
+    # imported as the plain module `common`, as the bundle's benchmarks do
+    probe = (
+        "import common, json, sys; print(len(common.merge([json.load(open(sys.argv[1]))])['rows']))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-S", "-c", probe, str(a)],
+        cwd=bench,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0 and p.stdout.strip() == "1", p.stderr
 
 
 class _FakeCuda:

@@ -189,7 +189,7 @@ def test_report_of_a_synthetic_results_folder(tmp_path: Path):
     assert readme.endswith(report.END + "\n\n## Measurements\n\ntext\n")
     for headline in (
         "| Mamba state copy (NVIDIA H200) | 70.3% of D2D at 1 request, 92.9% at 128 |",
-        "fused 2.50-3.00x the chain from 16k tokens, 5.00x at 1k |",
+        "fused 2.50-3.00x the chain from 16k tokens, 5.00x at 1k (Triton 3.6.0) |",
         "cached/ideal at 16 GiB: all 1.000, align 0.800-0.900; at 3 GiB all 1.000 |",
         "with checkpoints 0.90x of the prefill without",
         "whole-model prefill fused / chain 1.20x at 16k (mm)",
@@ -230,6 +230,20 @@ def test_plot_specs_say_what_the_issue_asks():
     assert copy["panels"][0]["series"][0]["y"] == [70.26, 89.5, 92.94]
     for spec in (ssd, gdn, hit, copy):
         assert spec["title"] and all(p["xlabel"] and p["ylabel"] for p in spec["panels"])
+
+
+def test_ssd_prefill_keeps_an_earlier_tritons_ratio_as_a_column():
+    data = synthetic()["ssd_prefill-h200.json"]
+    data["rows"][0]["ratio_triton_3_6"] = 4.5  # kept from the Triton 3.6 table
+    (sec,) = [s for _, s in report.sections([report.Result(Path("results/x"), data)])]
+    assert sec.lines[0].endswith("| fused / chain | fused / chain, Triton 3.6 |")
+    assert "| d1 | 1024 | 1 | - | 1.00M | 5.00M | 5.00x | 4.50x |" in sec.lines
+    assert "| d1 | 16384 | 1 | - | 16.00M | 40.00M | 2.50x | - |" in sec.lines
+    assert sec.headline.endswith("5.00x at 1k (Triton 3.6.0)")
+    # without the field, no column
+    plain = synthetic()["ssd_prefill-h200.json"]
+    (sec,) = [s for _, s in report.sections([report.Result(Path("results/x"), plain)])]
+    assert sec.lines[0].endswith("| fused / chain |")
 
 
 def test_png_is_deterministic(tmp_path: Path):

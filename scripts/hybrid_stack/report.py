@@ -294,17 +294,28 @@ def state_copy(r: Result) -> Section:
     return Section(head, lines, [spec])
 
 
+EARLIER_TRITON_RATIO = "ratio_triton_"
+
+
 def ssd_prefill(r: Result) -> Section:
     rows = sorted(r.rows, key=lambda x: (x["case"]["dims"], x["case"]["seqs"], x["case"]["tokens"]))
     dims = sorted({x["case"]["dims"] for x in rows})
     seqs = sorted({x["case"]["seqs"] for x in rows})
     toks = sorted({x["case"]["tokens"] for x in rows})
+    # a table measured under a newer Triton keeps an older table's ratio of the
+    # same case as ratio_triton_<major>_<minor> (e.g. ratio_triton_3_6)
+    earlier = sorted({k for x in rows for k in x if k.startswith(EARLIER_TRITON_RATIO)})
     lines = table(
-        ["dims", "tokens", "seqs", "form", "chain tok/s", "fused tok/s", "fused / chain"],
+        ["dims", "tokens", "seqs", "form", "chain tok/s", "fused tok/s", "fused / chain"]
+        + [
+            f"fused / chain, Triton {k.removeprefix(EARLIER_TRITON_RATIO).replace('_', '.')}"
+            for k in earlier
+        ],
         [
             [x["case"]["dims"], str(x["case"]["tokens"]), str(x["case"]["seqs"])]
             + [str(x.get("value_kernel", "-")), num(x["baseline"]), num(x["value"])]
             + [ratio(x["ratio"])]
+            + [ratio(x.get(k)) for k in earlier]
             for x in rows
         ],
     )
@@ -345,6 +356,8 @@ def ssd_prefill(r: Result) -> Section:
     big = [x["ratio"] for x in rows if x["case"]["tokens"] >= 16384]
     small = [x["ratio"] for x in rows if x["case"]["tokens"] == toks[0]]
     head = f"fused {span(big)} the chain from 16k tokens, {span(small)} at {tokens_label(toks[0])}"
+    if r.data.get("triton"):  # the kernels are Triton / Gluon: their compiler is part of it
+        head += f" (Triton {r.data['triton']})"
     return Section(head, lines, [spec])
 
 

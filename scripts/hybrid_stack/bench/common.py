@@ -17,6 +17,11 @@ Committed runs live in ``results/<bench>-<gpu>.json`` with a markdown table besi
 it (``results/<bench>-<gpu>.md``). This module imports nothing from vLLM, so it is
 usable from the repository (``hybrid_stack.bench.common``) and from an unpacked
 GPU bundle (``bench/common.py``, imported as ``common``).
+
+A table measured in parts (a device call's time limit stops a long benchmark;
+``--cases`` / ``--dims`` run the rest in another call) is joined by ``merge``,
+also run as ``python bench/common.py --merge --out DIR PART.json ...``: the rows
+in the order given, each part's command and creation time kept under ``parts``.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ SCHEMA_OPTIONAL: dict[str, tuple[type | None, ...]] = {
     "failures": (list,),  # e2e: engines that failed
     "compiled_ops_called": (dict,),  # e2e: model -> {op: calls}
     "shared_gpu": (list,),  # e2e: models whose engine shared the GPU
+    "parts": (list,),  # merge: [{command, created, rows, partial}] of the joined parts
 }
 ROW_SCHEMA: dict[str, tuple[type | None, ...]] = {
     "case": (dict,),
@@ -379,6 +385,12 @@ def markdown(result: dict[str, Any]) -> str:
         for k, v in result.items()
         if k not in skip and isinstance(v, (str, int, float)) and not isinstance(v, bool)
     ]
+    for i, part in enumerate(result.get("parts", []), 1):
+        stopped = " (stopped before its last case)" if part.get("partial") else ""
+        lines.append(
+            f"- part {i}: `{part.get('command', '?')}`, created {part.get('created', '?')}, "
+            f"{part.get('rows', '?')} row(s){stopped}"
+        )
     lines += [f"- {k}: {v}" for k, v in result.get("notes", {}).items()]
     lines += [
         "",
@@ -399,6 +411,10 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The note write_partial adds (merge drops it: the merged table is whole as far as it goes).
+PARTIAL_NOTE = "partial"
+
+
 def partial_path(result: dict[str, Any], args: argparse.Namespace) -> Path | None:
     return args.out / f"{result['bench']}-{result['gpu']}.partial.json" if args.out else None
 
@@ -411,7 +427,7 @@ def write_partial(result: dict[str, Any], args: argparse.Namespace) -> None:
     if path is None:
         return
     note = f"{len(result['rows'])} row(s): the run stopped before its last case"
-    result = dict(result, notes={"partial": note})
+    result = dict(result, notes={PARTIAL_NOTE: note})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -426,6 +442,12 @@ def finish(result: dict[str, Any], args: argparse.Namespace) -> None:
     partial = partial_path(result, args)
     if partial is not None:
         partial.unlink(missing_ok=True)
+    write_result(result, args)
+
+
+def write_result(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Write <out>/<bench>-<gpu>.json and .md (and --json / --md), then print
+    the table last."""
     stem = f"{result['bench']}-{result['gpu']}"
     targets: list[tuple[Path, str]] = []
     if args.out:
@@ -449,3 +471,160 @@ def seq_lens(total: int, seqs: int) -> Sequence[int]:
     """Split ``total`` tokens into ``seqs`` near-equal sequence lengths."""
     base, rem = divmod(total, seqs)
     return [base + (1 if i < rem else 0) for i in range(seqs)]
+
+
+# --- joining a table measured in parts ---------------------------------------------
+
+# Keys merge makes itself. Every other key must agree among the parts that carry
+# it: bench, gpu, torch, triton and vllm_base (every part has them; rows measured
+# under other versions or on another GPU are not one table) and optional facts
+# such as cuda, timing or stack_kernel (a .partial.json lacks the latter two).
+MERGE_OWN = frozenset({"command", "rows", "created", "notes", "parts"})
+
+
+class MergeError(ValueError):
+    """The parts cannot be one table (the message lists every reason)."""
+
+
+def _case_key(row: dict[str, Any]) -> str:
+    return json.dumps(row.get("case"), sort_keys=True)
+
+
+def _merge_notes(
+    parts: Sequence[dict[str, Any]], names: Sequence[str], problems: list[str]
+) -> dict[str, Any] | list[Any] | None:
+    """The parts' notes joined: {name: text} dicts (a name given twice must
+    carry the same text) or [text] lists (e2e; concatenated, repeats once);
+    write_partial's note is dropped."""
+    found = [(n, p["notes"]) for n, p in zip(names, parts) if "notes" in p]
+    if not found:
+        return None
+    if all(isinstance(v, list) for _, v in found):
+        joined: list[Any] = []
+        for _, v in found:
+            joined += [t for t in v if t not in joined]
+        return joined
+    if not all(isinstance(v, dict) for _, v in found):
+        problems.append("notes: some parts hold a dict, others a list")
+        return None
+    merged: dict[str, Any] = {}
+    first: dict[str, str] = {}
+    for name, notes in found:
+        for key, text in notes.items():
+            if key == PARTIAL_NOTE:
+                continue
+            if key in merged and merged[key] != text:
+                problems.append(f"notes['{key}']: {first[key]} and {name} differ")
+            elif key not in merged:
+                merged[key], first[key] = text, name
+    return merged
+
+
+def merge(
+    parts: Sequence[dict[str, Any]],
+    names: Sequence[str] | None = None,
+    merge_command: str | None = None,
+) -> dict[str, Any]:
+    """One result of ``parts`` (results of one benchmark, e.g. a run's
+    ``.partial.json`` and a ``--cases`` run of the rest): their rows in the
+    order given. ``names`` label the parts in errors (default: part 1, 2, ...).
+
+    Refused with one MergeError naming every problem: a part that fails
+    ``validate``, parts that differ in bench, gpu, torch, triton, vllm_base or
+    another key they both carry (MERGE_OWN aside), or a case measured twice.
+    ``command`` is the parts' commands joined with ``&&``, then
+    ``merge_command`` (the merge itself) when given; ``parts`` keeps each
+    part's command, creation time, row count and whether it stopped early;
+    ``created`` is the newest part's, so merging the same parts gives the
+    same file."""
+    names = list(names) if names is not None else [f"part {i}" for i in range(1, len(parts) + 1)]
+    if not parts:
+        raise MergeError("merge: no parts given")
+    problems: list[str] = []
+    for name, part in zip(names, parts):
+        if bad := validate(part):
+            problems.append(f"{name} breaks the schema: {'; '.join(bad)}")
+    if problems:  # the checks below read the schema's keys
+        raise MergeError("merge refused: " + " | ".join(problems))
+    keys: list[str] = []
+    for part in parts:
+        keys += [k for k in part if k not in keys and k not in MERGE_OWN]
+    for key in keys:
+        have = [(n, p[key]) for n, p in zip(names, parts) if key in p]
+        if any(v != have[0][1] for _, v in have[1:]):
+            values = ", ".join(f"{n}: {json.dumps(v)}" for n, v in have)
+            problems.append(f"parts differ in '{key}' ({values})")
+    seen: dict[str, str] = {}
+    rows: list[dict[str, Any]] = []
+    for name, part in zip(names, parts):
+        for row in part["rows"]:
+            key = _case_key(row)
+            if key in seen:
+                problems.append(f"case {key} measured twice ({seen[key]} and {name})")
+            seen.setdefault(key, name)
+            rows.append(row)
+    notes = _merge_notes(parts, names, problems)
+    if problems:
+        raise MergeError("merge refused: " + " | ".join(problems))
+    result: dict[str, Any] = {}
+    for part in parts:  # key order: the first part's, then keys only later parts have
+        result.update({k: v for k, v in part.items() if k not in MERGE_OWN and k not in result})
+    commands = [p["command"] for p in parts] + ([merge_command] if merge_command else [])
+    result["command"] = " && ".join(commands)
+    result["rows"] = rows
+    created = [p["created"] for p in parts if "created" in p]
+    if created:
+        result["created"] = max(created)
+    if notes:
+        result["notes"] = notes
+    flat: list[dict[str, Any]] = []
+    for part in parts:  # a merged part contributes its own parts
+        flat += part.get("parts") or [
+            {
+                "command": part["command"],
+                "created": part.get("created", "?"),
+                "rows": len(part["rows"]),
+                "partial": PARTIAL_NOTE in (part.get("notes") or {}),
+            }
+        ]
+    result["parts"] = flat
+    order = [*SCHEMA_KEYS, *(k for k in result if k not in SCHEMA)]
+    return {k: result[k] for k in order}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Join results of one benchmark measured in parts into one table."
+    )
+    parser.add_argument(
+        "--merge", action="store_true", required=True, help="join the PART files (the one mode)"
+    )
+    parser.add_argument(
+        "parts", nargs="+", type=Path, metavar="PART", help="<bench>-<gpu>[.partial].json files"
+    )
+    parser.add_argument("--out", type=Path, help="write <out>/<bench>-<gpu>.json and .md here")
+    parser.add_argument("--json", type=Path, help="write the JSON result here")
+    parser.add_argument("--md", type=Path, help="write the markdown table here")
+    args = parser.parse_args(argv)
+    # the merge as typed; called with argv from code, in the form the bundle runs it
+    typed = command_line() if argv is None else shlex.join(["python3", "bench/common.py", *argv])
+    if not (args.out or args.json or args.md):
+        parser.error("give --out, --json or --md")
+    loaded = []
+    for path in args.parts:
+        try:
+            loaded.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            print(f"merge refused: {path}: {e}", file=sys.stderr)
+            return 2
+    try:
+        result = merge(loaded, [str(p) for p in args.parts], typed)
+    except MergeError as e:
+        print(e, file=sys.stderr)
+        return 2
+    write_result(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
