@@ -384,14 +384,16 @@ def cache_rows(
     a: list[int],
     b: list[int],
     refs: tuple[Served, Served],
-    ideal: tuple[int, int],
+    shared: int,
 ) -> list[dict[str, Any]]:
     """Serve ``a`` cold, ``a`` again and ``b`` (sharing a prefix of ``a``) on an
     engine whose cache holds nothing of them, then ``b`` cold (cache reset):
     the rows of `identity_row` for the scenarios against the reference's
-    ``refs`` = (a, b) and of ``VS_COLD``; ``ideal`` = the cached tokens of
-    the same-twice and shared-prefix requests were every block kept."""
+    ``refs`` = (a, b) and of ``VS_COLD``; ``b`` shares the first ``shared``
+    tokens of ``a``."""
     bs = run.block_size
+    # cached tokens were every block kept (a request's last token is computed)
+    ideal = ((len(a) - 1) // bs * bs, shared // bs * bs)
     cold, warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, a, b))
     run.reset_cache()
     cold_b = run.serve([b], OUTPUT_TOKENS)[0]
@@ -424,15 +426,7 @@ def suite_identity(
             with engine(spec, failures) as run:
                 if run is None:
                     continue
-                bs = run.block_size
-                got = cache_rows(
-                    run,
-                    spec,
-                    a,
-                    b,
-                    (ref_a, ref_b),
-                    ((length - 1) // bs * bs, shared // bs * bs),
-                )
+                got = cache_rows(run, spec, a, b, (ref_a, ref_b), shared)
                 acc = run.counters()
                 for r in got:
                     r["prompt_tokens"] = length
@@ -504,7 +498,6 @@ def suite_allmode(
             with engine(spec, failures) as run:
                 if run is None:
                     continue
-                bs = run.block_size
                 run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
                 for n in prefixes:
                     rng = random.Random(3000 + n)
@@ -518,9 +511,7 @@ def suite_allmode(
                         continue
                     if n not in refs:
                         continue  # the reference engine failed
-                    got = cache_rows(
-                        run, spec, a, b, refs[n], ((n + question - 1) // bs * bs, n // bs * bs)
-                    )
+                    got = cache_rows(run, spec, a, b, refs[n], n)
                     acc = run.counters()
                     got.append(ttft_row(run, spec, rng, n, question))
                     for r in got:
