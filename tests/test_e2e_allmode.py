@@ -30,16 +30,18 @@ def test_allmode_plan_covers_the_matrix():
         assert m["modes"] == ["none", "align", "all"]
         assert m["ks"] == [0, 1, 2, 3]
         assert m["prefixes"] == [1072, 2000, 2144]
-    assert plans["qwen3.5-9b-like"]["ttft"]["mode"] == "all"
-    assert 32768 in plans["qwen3.5-9b-like"]["ttft"]["prefixes"]
+        # the GDN kernel chunk: all mode's blocks are multiples of it
+        assert m["chunk"] == 64
+    timed = plans["qwen3.5-9b-like"]["allmode-timed"]
+    assert timed["ks"] == [0, 3] and 32768 in timed["prefixes"]
     assert harness.bench_name("allmode") == "e2e-allmode"
-    assert harness.SUITE_ENTRIES["allmode"]
+    assert harness.SUITE_ENTRIES["allmode"] and harness.SUITE_ENTRIES["allmode-timed"]
 
 
 class FakeRunner:
     """Greedy tokens are a function of the prompt; mode ``all`` with MTP 2
     diverges on the shared-prefix prompt of 2000 tokens (a wrong cached
-    state), and decodes slower than align."""
+    state), decodes slower than align and prefills long prompts 3% slower."""
 
     def __init__(self, spec):
         self.spec, self.block_size, self.vocab = spec, BLOCK, 1000
@@ -55,6 +57,8 @@ class FakeRunner:
             if (self.spec.mode, self.spec.mtp_k, len(p)) == ("all", 2, 2200) and cached:
                 toks[5] += 1
             ms = 100.0 if max_tokens > 100 and self.spec.mode == "align" else 125.0
+            if len(p) >= 16384 and max_tokens == 1:
+                ms = 1000.0 if self.spec.mode == "align" else 1030.0
             out.append(harness.Served(toks, cached, ms))
         return out
 
@@ -81,28 +85,49 @@ def fake_engines(monkeypatch):
 def test_allmode_suite_rows(fake_engines):
     m = dict(harness.ALLMODE_MATRIX, ks=[0, 2])
     rows = harness.suite_allmode(harness.Engine("tiny-qwen3.5"), **m, failures=[])
-    # One engine per (k, mode), the reference first.
-    assert [(s.mode, s.mtp_k) for s in fake_engines] == [
-        (mode, k) for k in (0, 2) for mode in ("none", "align", "all")
+    # One engine per (k, mode), the reference first; the reference and all
+    # mode cut prefills into chunk-token steps, align keeps its own.
+    assert [(s.mode, s.mtp_k, s.max_num_batched_tokens) for s in fake_engines] == [
+        (mode, k, None if mode == "align" else 64)
+        for k in (0, 2)
+        for mode in ("none", "align", "all")
     ]
-    ident = [r for r in rows if r["metric"] == "identical"]
-    # 2 ks x 2 modes x 3 prefixes x 5 scenarios
-    assert len(ident) == 60
+    assert all(s.max_model_len >= 2144 + 200 for s in fake_engines)
+    assert {r["metric"] for r in rows} == {"identical"}
+    # 2 ks x 2 modes x 3 prefixes x 6 scenarios
+    assert len(rows) == 72
     bad = [
         (r["case"]["mode"], r["case"]["mtp_k"], r["prefix_tokens"], r["case"]["scenario"])
-        for r in ident
+        for r in rows
         if r["value"] != 1.0
     ]
     # the wrong cached state shows against caching off and against the cold run
     assert bad == [("all", 2, 2000, "same-twice"), ("all", 2, 2000, "same-twice-vs-cold")]
-    shared = [r for r in ident if r["case"]["scenario"] == "shared-prefix"]
+    shared = [r for r in rows if r["case"]["scenario"] == "shared-prefix"]
     assert {r["ideal_cached_tokens"] for r in shared} == {n // BLOCK * BLOCK for n in m["prefixes"]}
+    assert {r["max_num_batched_tokens"] for r in rows if r["case"]["mode"] == "all"} == {64}
+
+
+def test_allmode_timed_rows(fake_engines):
+    """align then all at vLLM's default budget, per k: time to first token per
+    prefix, decode and cold prefill with baseline = align, value = all."""
+    m = dict(harness.ALLMODE_TIMED, ks=[3])
+    rows = harness.suite_allmode_timed(harness.Engine("qwen3.5-9b-like"), **m, failures=[])
+    assert [(s.mode, s.max_num_batched_tokens) for s in fake_engines] == [
+        ("align", None),
+        ("all", None),
+    ]
+    assert all(s.max_model_len >= 32768 + m["question"] for s in fake_engines)
     ttft = [r for r in rows if r["metric"] == "ttft_ms"]
-    assert len(ttft) == 12 and {r["case"]["mode"] for r in ttft} == {"align", "all"}
-    decode = [r for r in rows if r["metric"] == "decode_tok_per_s"]
-    assert [r["case"]["mtp_k"] for r in decode] == [0, 2]
-    # baseline = align, value = all
-    assert all(r["baseline"] > r["value"] for r in decode)
+    assert [(r["case"]["mode"], r["case"]["prefix_tokens"]) for r in ttft] == [
+        ("align", 32768),
+        ("all", 32768),
+    ]
+    (decode,) = [r for r in rows if r["metric"] == "decode_tok_per_s"]
+    assert decode["case"]["mtp_k"] == 3 and decode["baseline"] > decode["value"]
+    (prefill,) = [r for r in rows if r["metric"] == "cold_prefill_tok_per_s"]
+    assert prefill["ratio"] == pytest.approx(1000 / 1030)
+    assert prefill["case"]["tokens"] == m["prefill_tokens"]
 
 
 def test_merge_writes_the_allmode_result(tmp_path, fake_engines):
@@ -136,7 +161,7 @@ def test_merge_writes_the_allmode_result(tmp_path, fake_engines):
     assert common.validate(result) == []
     assert result["entries"] == sorted(harness.SUITE_ENTRIES["allmode"])
     md = (tmp_path / "e2e-allmode-h200.md").read_text()
-    assert "Decode throughput of one request, align vs all" in md
+    assert "Greedy tokens against the reference" in md and "step budget" in md
     with pytest.raises(SystemExit, match="no e2e-part"):
         harness.merge(tmp_path)
 
@@ -148,7 +173,7 @@ def test_the_allmode_plan_splits_into_parts_per_mtp_k():
     bench, plan, label = harness.select_plan("qwen3.5-9b-like", "allmode", [], ["ks=[1]"])
     assert bench == "e2e-allmode"
     # every suite with ks gets it; the named plan itself is left alone
-    assert plan["allmode"]["ks"] == [1] and plan["ttft"]["ks"] == [1]
+    assert plan["allmode"]["ks"] == [1] and plan["allmode-timed"]["ks"] == [1]
     assert harness.NAMED_PLANS["allmode"]["qwen3.5-9b-like"]["allmode"]["ks"] == [0, 1, 2, 3]
     assert label == "ks-1"
     _, plan, label = harness.select_plan(
@@ -157,8 +182,8 @@ def test_the_allmode_plan_splits_into_parts_per_mtp_k():
     assert list(plan) == ["allmode"] and plan["allmode"]["ks"] == [0, 3]
     assert plan["allmode"]["prefixes"] == harness.ALLMODE_MATRIX["prefixes"]
     assert label == "allmode-allmode.ks-0_3"
-    _, plan, label = harness.select_plan("qwen3.5-9b-like", "allmode", ["ttft"], [])
-    assert list(plan) == ["ttft"] and label == "ttft"
+    _, plan, label = harness.select_plan("qwen3.5-9b-like", "allmode", ["allmode-timed"], [])
+    assert list(plan) == ["allmode-timed"] and label == "allmode-timed"
     assert harness.select_plan("tiny-qwen3.5", "allmode", [], [])[2] == ""
     path = harness.part_path(Path("o"), "e2e-allmode", "tiny-qwen3.5", "ks-1")
     assert path.name == "e2e-allmode-part-tiny-qwen3.5--ks-1.json"
@@ -201,8 +226,8 @@ def test_parts_of_one_model_merge_into_one_allmode_result(tmp_path, fake_engines
     result = json.loads((tmp_path / "e2e-allmode-h200.json").read_text())
     assert common.validate(result) == []
     assert sorted({r["case"]["mtp_k"] for r in result["rows"]}) == [0, 1, 2, 3]
-    decode = [r for r in result["rows"] if r["metric"] == "decode_tok_per_s"]
-    assert sorted(r["case"]["mtp_k"] for r in decode) == [0, 1, 2, 3]
+    # 4 ks x 2 modes x 3 prefixes x 6 scenarios
+    assert len(result["rows"]) == 144
     assert result["compiled_ops_called"] == {"tiny-qwen3.5": {"_C.weak_ref_tensor": 40}}
     assert result["created"] == "2026-12-01T00:03:00Z"
 
@@ -210,9 +235,12 @@ def test_parts_of_one_model_merge_into_one_allmode_result(tmp_path, fake_engines
 class SplitRunner(FakeRunner):
     """Modes other than none compute in other arithmetic than the reference
     (a split prefill): every request leaves the reference's tokens at token
-    3, cached or not; with ``corrupt``, a cache hit also changes token 9."""
+    3, cached or not; with ``corrupt``, a cache hit also changes token 9;
+    with ``history``, every request's token 7 depends on how many the engine
+    served before it."""
 
     corrupt = False
+    history = False
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -230,20 +258,23 @@ class SplitRunner(FakeRunner):
                 s.tokens[3] += 1
                 if self.corrupt and s.cached:
                     s.tokens[9] += 1
+            if self.history:
+                s.tokens[7] += self.calls.count("serve")
         return out
 
 
-@pytest.mark.parametrize("corrupt", [False, True])
-def test_identity_rows_separate_split_arithmetic_from_cache_hits(monkeypatch, corrupt):
+@pytest.mark.parametrize("corrupt,history", [(False, False), (True, False), (False, True)])
+def test_identity_rows_separate_split_arithmetic_from_cache_hits(monkeypatch, corrupt, history):
     """The rows against prefix caching off show the split's arithmetic; the
     -vs-cold rows (the same engine, its cache reset) show only what a cache
-    hit changes, and their cold run of the shared-prefix prompt hits nothing."""
+    hit changes, and their cold run of the shared-prefix prompt hits nothing;
+    repeat-vs-cold catches an engine whose results depend on its history."""
     runners = []
 
     @contextmanager
     def engine(spec, failures):
         runner = SplitRunner(spec)
-        runner.corrupt = corrupt
+        runner.corrupt, runner.history = corrupt, history
         runners.append(runner)
         yield runner
 
@@ -264,9 +295,11 @@ def test_identity_rows_separate_split_arithmetic_from_cache_hits(monkeypatch, co
     assert by["same-twice"]["cached_tokens"] == 4 * BLOCK
     # the fake caches whole-block prefixes of whole prompts only: the
     # shared-prefix prompt hits nothing, its cold run is the same computation
-    assert by["shared-prefix-vs-cold"]["value"] == 1.0
-    assert by["same-twice-vs-cold"]["value"] == (0.0 if corrupt else 1.0)
+    # (unless the engine's history changes it)
+    assert by["shared-prefix-vs-cold"]["value"] == (0.0 if history else 1.0)
+    assert by["same-twice-vs-cold"]["value"] == (0.0 if corrupt or history else 1.0)
     if corrupt:
         assert by["same-twice-vs-cold"]["first_divergence"] == 9
-    # the cache was reset before the cold run of the shared-prefix prompt
-    assert runners[-1].calls == ["serve"] * 3 + ["reset", "serve"]
+    assert by["repeat-vs-cold"]["value"] == (0.0 if history else 1.0)
+    # the cache was reset before each cold run of the shared-prefix prompt
+    assert runners[-1].calls == ["serve"] * 3 + ["reset", "serve"] * 2

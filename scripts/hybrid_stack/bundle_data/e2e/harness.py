@@ -32,9 +32,12 @@ process):
 
 ``allmode``   mamba_cache_mode="all" against align and prefix caching off: per
               MTP k and prefix length, ``identical`` (same prompt twice, a
-              prompt sharing only the prefix), ``ttft_ms`` and
-              ``decode_tok_per_s`` (baseline align, value all). Run by the
-              named plan ``--plan allmode`` (result ``e2e-allmode-<gpu>``).
+              prompt sharing only the prefix), prefills cut into equal steps
+              so that a cache hit is computed as it is cold.
+``allmode-timed``  all mode against align at the default settings: ``ttft_ms``,
+              ``decode_tok_per_s`` and ``cold_prefill_tok_per_s`` (baseline
+              align, value all). Both run by the named plan ``--plan allmode``
+              (result ``e2e-allmode-<gpu>``).
 
 Each process writes ``<out>/e2e-part-<model>.json`` (``e2e-<plan>-part-...`` for
 a named plan; ``<model>--<label>`` when ``--suite`` / ``--set`` run only part of
@@ -77,6 +80,7 @@ SUITE_ENTRIES = {
     "identity": (),
     "ttft": (),
     "allmode": ("gdn-all-mode-runner", "gdn-all-mode-layer"),
+    "allmode-timed": ("gdn-all-mode-runner", "gdn-all-mode-layer"),
 }
 # Facts of a part that must agree for parts to be merged into one result.
 ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
@@ -123,6 +127,10 @@ class Engine:
     tensor_parallel_size: int = 1
     # None: the model's own dtype; "float32" for the prefill suite's reference
     dtype: str | None = None
+    # The engine's token budget per step (max_num_batched_tokens); None: vLLM's
+    # default. A small one chunks every prefill on a fixed grid (see
+    # suite_allmode).
+    max_num_batched_tokens: int | None = None
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -143,6 +151,9 @@ class Engine:
             kw["dtype"] = self.dtype
         if self.kv_cache_gib:
             kw["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+        if self.max_num_batched_tokens:
+            kw["max_num_batched_tokens"] = self.max_num_batched_tokens
+            kw["max_num_seqs"] = min(self.max_num_seqs, self.max_num_batched_tokens)
         if self.mode != "none":
             kw["mamba_cache_mode"] = self.mode
         if "linear_attention" in cfg.get("layer_types", ()):
@@ -164,6 +175,8 @@ class Engine:
             parts.append(self.ssd_prefill)
         if self.dtype:
             parts.append(self.dtype)
+        if self.max_num_batched_tokens:
+            parts.append(f"chunk{self.max_num_batched_tokens}")
         return "/".join(parts)
 
 
@@ -374,8 +387,13 @@ def identity_row(
 # computes even a cold prompt in other arithmetic than the reference, so a
 # bfloat16 model with random weights may leave the reference's greedy tokens
 # without any cache hit; the "-vs-cold" rows compare a cache hit with the
-# computation it replaces, the same split and kernels, and must be identical.
-VS_COLD = ("same-twice-vs-cold", "shared-prefix-vs-cold")
+# computation it replaces. "repeat-vs-cold" is their control: the cold prompt
+# once more after another reset, which only an engine whose results depend on
+# what it served before can fail. (Align also cuts the shared-prefix prompt's
+# prefill at the block boundary below the prefix it shares with a cached
+# prompt, to keep a state there; its cold run has no such cut, so for align
+# shared-prefix-vs-cold compares different arithmetic too.)
+VS_COLD = ("same-twice-vs-cold", "shared-prefix-vs-cold", "repeat-vs-cold")
 
 
 def cache_rows(
@@ -387,23 +405,26 @@ def cache_rows(
     shared: int,
 ) -> list[dict[str, Any]]:
     """Serve ``a`` cold, ``a`` again and ``b`` (sharing a prefix of ``a``) on an
-    engine whose cache holds nothing of them, then ``b`` cold (cache reset):
-    the rows of `identity_row` for the scenarios against the reference's
-    ``refs`` = (a, b) and of ``VS_COLD``; ``b`` shares the first ``shared``
-    tokens of ``a``."""
+    engine whose cache holds nothing of them, then ``b`` cold (cache reset),
+    twice: the rows of `identity_row` for the scenarios against the
+    reference's ``refs`` = (a, b) and of ``VS_COLD``; ``b`` shares the first
+    ``shared`` tokens of ``a``."""
     bs = run.block_size
     # cached tokens were every block kept (a request's last token is computed)
     ideal = ((len(a) - 1) // bs * bs, shared // bs * bs)
     cold, warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, a, b))
-    run.reset_cache()
-    cold_b = run.serve([b], OUTPUT_TOKENS)[0]
+    cold_b = []
+    for _ in range(2):
+        run.reset_cache()
+        cold_b.append(run.serve([b], OUTPUT_TOKENS)[0])
     ref_a, ref_b = refs
     return [
         identity_row(spec, "cold", cold, ref_a, 0, bs),
         identity_row(spec, "same-twice", warm, ref_a, ideal[0], bs),
         identity_row(spec, "shared-prefix", part, ref_b, ideal[1], bs),
         identity_row(spec, VS_COLD[0], warm, cold, ideal[0], bs),
-        identity_row(spec, VS_COLD[1], part, cold_b, ideal[1], bs),
+        identity_row(spec, VS_COLD[1], part, cold_b[0], ideal[1], bs),
+        identity_row(spec, VS_COLD[2], cold_b[1], cold_b[0], 0, bs),
     ]
 
 
@@ -479,22 +500,36 @@ def suite_allmode(
     ks: list[int],
     prefixes: list[int],
     question: int,
-    decode_tokens: int,
+    chunk: int | None,
     failures: list,
 ) -> list[dict[str, Any]]:
-    """The all-mode matrix: per MTP k, one engine per mode (``none`` is the
-    reference, prefix caching off). For each prefix length: a prompt of
-    prefix + question served cold, the same prompt again, and a prompt
-    sharing only the prefix (``identical`` against the reference, with the
-    cached tokens the engine reports); cold against warm time to first token
-    on a fresh prefix (``ttft_ms``); and decode throughput of one request
-    (``decode_tok_per_s``, baseline = align, value = all)."""
+    """The all-mode identity matrix: per MTP k, one engine per mode (``none``,
+    prefix caching off, first: the reference). For each prefix length, a
+    prompt of prefix + question served cold, the same prompt again and a
+    prompt sharing only the prefix (`cache_rows`), with the cached tokens the
+    engine reports.
+
+    ``chunk``: the token budget per step of the ``none`` and ``all`` engines
+    (a multiple of the GDN kernel chunk). Matrix multiplications round each
+    row differently for different numbers of rows, so a cache hit, which
+    computes fewer tokens in its step than the cold prompt did, could not be
+    compared with the cold computation bit for bit; with every prefill cut
+    into ``chunk``-token steps from position 0, and all mode's hits on block
+    boundaries (multiples of ``chunk``), a hit's remaining tokens run in the
+    same steps as they do cold and with caching off, so only the cached state
+    can make them differ. ``align`` keeps its own splits (it cannot cut a
+    prefill finer than its block); its same-twice-vs-cold row is the one that
+    judges it (see VS_COLD). None: vLLM's default budget for every engine."""
+    assert modes[0] == "none", "the reference engine comes first"
     rows: list[dict[str, Any]] = []
+    longest = max(prefixes) + question + OUTPUT_TOKENS + 64
+    base = replace(base, max_model_len=max(base.max_model_len, longest))
     for k in ks:
         refs: dict[int, tuple[Served, Served]] = {}
-        decode: dict[str, tuple[float, float]] = {}
         for mode in modes:
             spec = replace(base, mode=mode, mtp_k=k)
+            if chunk and mode != "align":
+                spec = replace(spec, max_num_batched_tokens=chunk)
             with engine(spec, failures) as run:
                 if run is None:
                     continue
@@ -513,24 +548,77 @@ def suite_allmode(
                         continue  # the reference engine failed
                     got = cache_rows(run, spec, a, b, refs[n], n)
                     acc = run.counters()
-                    got.append(ttft_row(run, spec, rng, n, question))
                     for r in got:
                         r["prompt_tokens"] = n + question
                         r["prefix_tokens"] = n
+                        r["max_num_batched_tokens"] = spec.max_num_batched_tokens
                         r.update({f"engine_{c}": v for c, v in acc.items()})
                     rows += got
-                out = run.serve([prompt(random.Random(4000 + k), 64, run.vocab)], decode_tokens)[0]
-                decode[mode] = (len(out.tokens) / (out.ms / 1e3), out.ms)
-        if "align" in decode and "all" in decode:
+    return rows
+
+
+def suite_allmode_timed(
+    base: Engine,
+    ks: list[int],
+    prefixes: list[int],
+    question: int,
+    decode_tokens: int,
+    prefill_tokens: int,
+    failures: list,
+    prefill_reps: int = 3,
+) -> list[dict[str, Any]]:
+    """All mode against align, timed, at vLLM's default token budget: per MTP
+    k, cold against warm time to first token of each prefix + question
+    (``ttft_ms``), decode throughput of one request (``decode_tok_per_s``)
+    and the prefill of fresh prompts of ``prefill_tokens``, nothing cached
+    (``cold_prefill_tok_per_s``: what all mode's block checkpoints cost inside
+    the engine); the last two with baseline = align, value = all."""
+    rows: list[dict[str, Any]] = []
+    longest = max(max(prefixes) + question, prefill_tokens) + OUTPUT_TOKENS + 64
+    base = replace(base, max_model_len=max(base.max_model_len, longest))
+    for k in ks:
+        decode: dict[str, tuple[float, float]] = {}
+        prefill: dict[str, float] = {}
+        for mode in ("align", "all"):
+            spec = replace(base, mode=mode, mtp_k=k)
+            with engine(spec, failures) as run:
+                if run is None:
+                    continue
+                run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
+                for n in prefixes:
+                    rows.append(ttft_row(run, spec, random.Random(3000 + n), n, question))
+                out = run.serve([prompt(random.Random(4000 + k), 64, run.vocab)], decode_tokens)
+                decode[mode] = (len(out[0].tokens) / (out[0].ms / 1e3), out[0].ms)
+                rng = random.Random(5000 + k)
+                ms = [
+                    run.serve([prompt(rng, prefill_tokens, run.vocab)], 1)[0].ms
+                    for _ in range(prefill_reps + 1)  # the first is a warm-up
+                ]
+                prefill[mode] = statistics.median(ms[1:])
+        case = {"model": base.model, "mtp_k": k}
+        if len(decode) == 2:
             (align_tps, align_ms), (all_tps, all_ms) = decode["align"], decode["all"]
             rows.append(
                 common.make_row(
-                    {"model": base.model, "mtp_k": k, "decode_tokens": decode_tokens},
+                    {**case, "decode_tokens": decode_tokens},
                     "decode_tok_per_s",
                     align_tps,
                     all_tps,
                     align_ms,
                     all_ms,
+                )
+            )
+        if len(prefill) == 2:
+            align_ms, all_ms = prefill["align"], prefill["all"]
+            rows.append(
+                common.make_row(
+                    {**case, "tokens": prefill_tokens},
+                    "cold_prefill_tok_per_s",
+                    prefill_tokens / align_ms * 1e3,
+                    prefill_tokens / all_ms * 1e3,
+                    align_ms,
+                    all_ms,
+                    reps=prefill_reps,
                 )
             )
     return rows
@@ -644,25 +732,33 @@ SUITES = {
     "ttft": suite_ttft,
     "prefill": suite_prefill,
     "allmode": suite_allmode,
+    "allmode-timed": suite_allmode_timed,
 }
 # Named plans beside each model's default one (``--plan NAME``), each written
-# to ``<out>/<bench>-<gpu>.json``. "allmode": mamba_cache_mode none / align /
-# all, MTP off and k = 1..3, prefixes that are not multiples of the engines'
-# block sizes, and the 32k warm / cold time to first token in all mode.
+# to ``<out>/<bench>-<gpu>.json``. "allmode": the identity matrix of
+# mamba_cache_mode none / align / all, MTP off and k = 1..3, prefixes that are
+# not multiples of the engines' block sizes (prefills cut into 64-token steps,
+# see suite_allmode); then, for the 9B-like model, all mode against align at
+# vLLM's default settings: time to first token after a 32k prefix, decode,
+# prefill.
 ALLMODE_MATRIX = {
     "modes": ["none", "align", "all"],
     "ks": [0, 1, 2, 3],
     "prefixes": [1072, 2000, 2144],
     "question": 200,
+    "chunk": 64,
+}
+ALLMODE_TIMED = {
+    "ks": [0, 3],
+    "prefixes": [32768],
+    "question": 200,
     "decode_tokens": 256,
+    "prefill_tokens": 16384,
 }
 NAMED_PLANS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "allmode": {
         "tiny-qwen3.5": {"allmode": ALLMODE_MATRIX},
-        "qwen3.5-9b-like": {
-            "allmode": ALLMODE_MATRIX,
-            "ttft": {"mode": "all", "ks": [0, 3], "prefixes": [32768], "question": 200},
-        },
+        "qwen3.5-9b-like": {"allmode": ALLMODE_MATRIX, "allmode-timed": ALLMODE_TIMED},
     },
 }
 
@@ -790,7 +886,9 @@ def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
             "the chain in a float32 engine of the same weights), baseline 1. "
             "`ttft_ms`: baseline = cold, value = warm, lower is better. "
             "`decode_tok_per_s`: one request's output tokens per second, baseline = "
-            "align, value = all; higher is better. Times are "
+            "align, value = all; higher is better. `cold_prefill_tok_per_s`: a fresh "
+            "prompt's prefill, nothing cached (median of reps), baseline = align, "
+            "value = all; higher is better. Times are "
             "wall-clock per generate() call (medians where reps > 1)."
         ),
     }
@@ -854,6 +952,20 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("all / align", lambda r: f"{r['ratio']:.3f}"),
         ],
     ),
+    "cold_prefill_tok_per_s": (
+        "Prefill of a fresh prompt, nothing cached, align vs all: what all mode's "
+        "block checkpoints cost inside the engine (higher is better)",
+        [
+            ("model", lambda r: r["case"]["model"]),
+            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("tokens", lambda r: r["case"]["tokens"]),
+            ("align tok/s", lambda r: r["baseline"]),
+            ("all tok/s", lambda r: r["value"]),
+            ("all / align", lambda r: f"{r['ratio']:.3f}"),
+            ("align ms", lambda r: r["baseline_ms"]),
+            ("all ms", lambda r: r["value_ms"]),
+        ],
+    ),
     "identical": (
         "Greedy tokens against the reference (prefix caching off; for X-vs-Y, Y)",
         [
@@ -867,6 +979,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("cached", lambda r: r.get("cached_tokens")),
             ("ideal", lambda r: r.get("ideal_cached_tokens")),
             ("block", lambda r: r.get("block_size")),
+            ("step budget", lambda r: r.get("max_num_batched_tokens")),
             (
                 "MTP accepted / drafted",
                 lambda r: (
