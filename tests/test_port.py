@@ -12,7 +12,16 @@ import pytest
 from test_rebase import edit, release
 
 from conftest import CORE_V1, Toy, add_entry, git
-from hybrid_stack.port import RECORD, digest, disk_files, lag, load_record, make_record
+from hybrid_stack import port as port_mod
+from hybrid_stack.port import (
+    PREVIOUS_PORT_REF,
+    RECORD,
+    digest,
+    disk_files,
+    lag,
+    load_record,
+    make_record,
+)
 
 V2 = CORE_V1.replace("def f11(x):", "def f11(x):  # renamed")
 
@@ -141,8 +150,8 @@ def test_record_is_written_when_a_stopped_port_finishes(repo: Toy, capsys):
     assert "entry 'conflict' is conflict" in capsys.readouterr().err
     assert (port_dir(toy) / RECORD).read_bytes() == first  # not yet
     assert toy.cli("--root", str(port_dir(toy)), "rebase", "--abort") == 0
-    assert (port_dir(toy) / RECORD).read_bytes() == first  # the previous record back
-    git(toy.root, "checkout", "--", "patches/ports")  # the previous port back
+    assert (port_dir(toy) / RECORD).read_bytes() == first  # the previous record kept
+    assert git(toy.root, "status", "--porcelain", "--untracked-files=all") == ""
 
     assert toy.cli("port", "0.0.2") == 2
     work = port_dir(toy) / "work" / "vllm"
@@ -157,4 +166,111 @@ def test_record_is_written_when_a_stopped_port_finishes(repo: Toy, capsys):
     assert toy.cli("--root", str(port_dir(toy)), "rebase", "--continue") == 0
     r = load_record(port_dir(toy))
     assert r.commit == head and [n for n, _ in r.entries][-1] == "conflict"
+    assert "current (the main series" in status_out(toy, capsys)
+
+
+def port_files(toy: Toy) -> dict[str, bytes]:
+    """The port as a checkout holds it: every file but its (ignored) work/, links as targets."""
+    port = port_dir(toy)
+    out = {}
+    for f in sorted(port.rglob("*")):
+        rel = f.relative_to(port).as_posix()
+        if rel == "work" or rel.startswith("work/"):
+            continue
+        if f.is_symlink():
+            out[rel] = f"-> {f.readlink()}".encode()
+        elif f.is_file():
+            out[rel] = f.read_bytes()
+    return out
+
+
+def test_a_refresh_replaces_the_port_only_when_it_finishes(repo: Toy, capsys):
+    """Stopped at a conflict, given up with --abort or failed, a refresh leaves the
+    committed port as it is (its hand resolutions with it); --continue replaces it."""
+    toy = repo
+    assert toy.cli("port", "0.0.2") == 0
+    commit_all(toy, "the port")
+    committed = port_files(toy)
+    assert 'version = "0.0.2"' in committed["patches/pin.toml"].decode()
+    core = (toy.work / "vllm/core.py").read_text()
+    add_entry(toy, "conflict", {"vllm/core.py": core.replace("def f11(x):", "def f11(x):  # mine")})
+    commit_all(toy, "an entry that conflicts on 0.0.2")
+    port = str(port_dir(toy))
+
+    def as_committed() -> None:
+        assert port_files(toy) == committed
+        assert git(toy.root, "status", "--porcelain", "--untracked-files=all") == ""
+
+    capsys.readouterr()
+    assert toy.cli("port", "0.0.2") == 2
+    err = capsys.readouterr().err
+    as_committed()  # stopped: the refresh lives in the port's work dir, not in the port
+    assert "entry 'conflict' is conflict" in err and f"--root {port} rebase --continue" in err
+    work = port_dir(toy) / "work" / "vllm"
+    previous = git(work, "rev-parse", PREVIOUS_PORT_REF)
+    assert toy.cli("port", "0.0.2") == 2  # one refresh at a time
+    assert "rebase is in progress" in capsys.readouterr().err
+    assert toy.cli("--root", port, "rebase", "--abort") == 0
+    as_committed()
+    assert toy.cli("--root", port, "rebase", "--continue") == 2
+    assert "no rebase in progress" in capsys.readouterr().err
+    # a refresh that fails before it starts (no such release) changes nothing either
+    assert toy.cli("port", "0.0.9") == 2
+    assert "vllm-0.0.9.tar.gz is on no configured index" in capsys.readouterr().err
+    as_committed()
+
+    # resolved, --continue writes the new port
+    assert toy.cli("port", "0.0.2") == 2
+    # the tree held the copy an abort left, not the port: the port's commits stay at the ref
+    assert git(work, "rev-parse", PREVIOUS_PORT_REF) == previous
+    (work / "vllm/core.py").write_text(
+        V2.replace("def f11(x):  # renamed", "def f11(x):  # renamed, mine")
+        .replace("    return x + 1\n", "    return x + 1  # clean\n")
+        .replace("    return x + 10\n", "    return x + 10  # 3w\n")
+    )
+    git(work, "add", "vllm/core.py")
+    assert toy.cli("--root", port, "rebase", "--continue") == 0
+    now = port_files(toy)
+    assert now != committed and "patches/conflict.patch" in now
+    assert "# renamed, mine" in now["patches/conflict.patch"].decode()
+    assert now["ci"] == committed["ci"]
+    assert toy.cli("--root", port, "check") == 0
+    assert (port_dir(toy) / "work" / "rebase-0.0.2.md").is_file()
+    assert not (port_dir(toy) / "work" / "refresh").exists()
+
+
+def test_a_refresh_killed_while_it_installs_is_undone_or_redone(repo: Toy, monkeypatch, capsys):
+    toy = repo
+    assert toy.cli("port", "0.0.2") == 0
+    commit_all(toy, "the port")
+    committed = port_files(toy)
+    add_entry(toy, "later", {"vllm/later.py": "L = 1\n"}, overlay=("vllm/later.py",), patch=False)
+    commit_all(toy, "a new entry")
+    real = port_mod._put
+
+    def killed(src: Path, dest: Path) -> None:
+        if src == port_mod.refresh_root(dest):  # the refresh into the port: killed halfway
+            real(src, dest)
+            (dest / "patches" / "series.toml").unlink()
+            raise KeyboardInterrupt
+        real(src, dest)
+
+    monkeypatch.setattr(port_mod, "_put", killed)
+    assert toy.cli("port", "0.0.2") == 130
+    assert not (port_dir(toy) / "patches" / "series.toml").exists()
+    monkeypatch.setattr(port_mod, "_put", real)
+    assert toy.cli("--root", str(port_dir(toy)), "rebase", "--abort") == 0
+    assert port_files(toy) == committed
+    assert not port_mod.refresh_root(port_dir(toy)).exists()
+    # the work tree held the copy: apply puts the port back there, its previous commits
+    work = port_dir(toy) / "work" / "vllm"
+    assert toy.cli("--root", str(port_dir(toy)), "apply") == 0
+    assert git(work, "rev-parse", "HEAD") == git(work, "rev-parse", PREVIOUS_PORT_REF)
+    # killed again, then --continue redoes the install
+    monkeypatch.setattr(port_mod, "_put", killed)
+    assert toy.cli("port", "0.0.2") == 130
+    monkeypatch.setattr(port_mod, "_put", real)
+    assert toy.cli("--root", str(port_dir(toy)), "rebase", "--continue") == 0
+    assert "overlay/vllm/later.py" in port_files(toy)
+    assert toy.cli("--root", str(port_dir(toy)), "check") == 0
     assert "current (the main series" in status_out(toy, capsys)

@@ -9,6 +9,12 @@ in the port's work tree, and rebases it onto VERSION (`hybrid-stack --root
 <port> rebase VERSION`). Conflicts are resolved as in any rebase, then
 `hybrid-stack --root <port> rebase --continue`.
 
+The copy is a stack root of its own in the port's (ignored) work dir,
+<port>/work/refresh, and the rebase runs on it (its state in
+<port>/work/refresh/work/rebase): the committed port stays as it is while the
+refresh is stopped, and after an --abort or a failure. Only the rebase's last
+step installs the refreshed patches/, overlay/ and record into the port.
+
 When the rebase finishes, the port records where it came from in
 `<port>/ported-from.toml`: the repository commit, the main pin's version, a
 sha256 digest of the source files (patches/ without ports/, and overlay/) and
@@ -34,10 +40,12 @@ from pathlib import Path
 from hybrid_stack import tomlfile
 from hybrid_stack.errors import StackError, first_few
 from hybrid_stack.gitops import Repo
-from hybrid_stack.stack import Stack, load_stack
+from hybrid_stack.stack import Stack, load_pin, load_stack
 
 RECORD = "ported-from.toml"
 PREVIOUS_PORT_REF = "refs/hybrid-stack/previous-port"
+# what a refresh replaces in the port (its `ci` link and work/ stay)
+PORT_FILES = ("patches", "overlay", RECORD)
 Files = dict[str, bytes]
 
 
@@ -117,8 +125,6 @@ def entry_digests(files: Files) -> list[tuple[str, str]]:
 
 
 def pin_version(files: Files) -> str:
-    from hybrid_stack.stack import load_pin
-
     with tempfile.TemporaryDirectory(prefix="hybrid-stack-port-") as tmp:
         return load_pin(
             materialize({"patches/pin.toml": files["patches/pin.toml"]}, Path(tmp))
@@ -286,6 +292,50 @@ def lag_lines(main_root: Path) -> list[str]:
     return out
 
 
+# -- the refresh -------------------------------------------------------------------
+def refresh_root(port_root: Path) -> Path:
+    """Where `hybrid-stack port` stages a refresh of port_root (a stack root of its own)."""
+    return port_root / "work" / "refresh"
+
+
+def _put(src: Path, port_root: Path) -> None:
+    """Replace port_root's PORT_FILES by src's (none where src has none)."""
+    for name in PORT_FILES:
+        dest, new = port_root / name, src / name
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        elif dest.exists():
+            dest.unlink()
+        if new.is_dir():
+            shutil.copytree(new, dest)
+        elif new.is_file():
+            shutil.copy2(new, dest)
+
+
+def install(staged: Path, port_root: Path, kept: Path) -> None:
+    """The rebase's last step for a refresh: the staged port replaces port_root's.
+    The port as it was is kept first (once, renamed into place whole), so a finish
+    killed halfway is redone by --continue or undone by --abort (restore)."""
+    if not kept.is_dir():
+        tmp = kept.with_name(kept.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        _put(port_root, tmp)
+        os.replace(tmp, kept)
+    _put(staged, port_root)
+    main = main_of(port_root)
+    ci = port_root / "ci"
+    if main is not None and not ci.exists() and not ci.is_symlink():
+        ci.symlink_to(os.path.relpath(main / "ci", port_root))
+
+
+def restore(port_root: Path, kept: Path) -> None:
+    """--abort of a refresh: the port back as it was, where install had begun."""
+    if kept.is_dir():
+        _put(kept, port_root)
+
+
 # -- the verb ---------------------------------------------------------------------
 def _committed_source(main: Stack) -> tuple[str, Files]:
     repo = Repo(main.root)
@@ -342,8 +392,8 @@ def make_port(main: Stack, port_root: Path, version: str, report: Path | None) -
 
     commit, files = _committed_source(main)
     record = make_record(commit, files)
-    port_root.mkdir(parents=True, exist_ok=True)
-    if (port_root / "work" / "rebase" / "state.json").is_file():
+    staged = refresh_root(port_root)
+    if any((r / "work" / "rebase" / "state.json").is_file() for r in (port_root, staged)):
         raise StackError(
             f"a rebase is in progress in {port_root}: hybrid-stack --root {port_root} rebase "
             "--continue (or --abort) first"
@@ -356,33 +406,38 @@ def make_port(main: Stack, port_root: Path, version: str, report: Path | None) -
             raise StackError(
                 f"{work} has uncommitted changes ({first_few(dirty)}): commit or discard them first"
             )
-        wrepo.run("update-ref", PREVIOUS_PORT_REF, "HEAD")
-        print(
-            f"port: the previous port's entry commits stay at {PREVIOUS_PORT_REF} in {work} "
-            "(resolutions to start from)"
-        )
-    for sub in ("patches", "overlay"):
-        if (port_root / sub).exists():
-            shutil.rmtree(port_root / sub)
-    materialize(files, port_root)
-    ci = port_root / "ci"
-    if not ci.exists() and not ci.is_symlink():
-        ci.symlink_to(os.path.relpath(main.root / "ci", port_root))
-    copy = load_stack(port_root)
+        pin = port_root / "patches" / "pin.toml"
+        tag = load_pin(pin).tag if pin.is_file() else ""
+        # only a tree on the port's base holds the port's commits: after a refresh given
+        # up it holds the series copy on the main pin, and the ref keeps the port's
+        if tag and wrepo.ok("merge-base", "--is-ancestor", tag, "HEAD"):
+            wrepo.run("update-ref", PREVIOUS_PORT_REF, "HEAD")
+        if wrepo.has_ref(PREVIOUS_PORT_REF):
+            print(
+                f"port: the previous port's entry commits stay at {PREVIOUS_PORT_REF} in "
+                f"{work} (resolutions to start from)"
+            )
+    # the copy is staged beside the port, which the rebase's finish replaces last:
+    # stopped, aborted or failed, the committed port stays as it is
+    if staged.exists():  # an earlier refresh given up
+        shutil.rmtree(staged)
+    materialize(files, staged)
+    copy = load_stack(staged)
     print(
-        f"port: {len(files)} files of the series at {commit[:12]} copied into {port_root}; "
+        f"port: {len(files)} files of the series at {commit[:12]} copied into {staged}; "
         f"applying on {copy.pin.tag}"
     )
     apply(copy, work)
     args = argparse.Namespace(
-        root=port_root,
+        root=staged,
         version=version,
-        work=None,
+        work=work,
         source="sdist",
         report=report,
         dry_run=False,
         notes=None,
         port_source=record,
+        port_root=port_root,
     )
     return rebase.start(args)
 

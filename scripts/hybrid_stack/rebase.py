@@ -83,6 +83,24 @@ def write_pin(stack: Stack, text: str) -> None:
     _write_atomic(stack.patches_dir / "pin.toml", text.encode())
 
 
+def rebasing(root: Path | None) -> Stack:
+    """The stack whose rebase --continue and --abort act on: root's own, or the
+    refresh of the port at root that `hybrid-stack port` stages in its work dir
+    (hybrid_stack.port.refresh_root), so the port's --root reaches it. The port
+    is not read first: a finish killed while installing it may have left it half made."""
+    from hybrid_stack.port import refresh_root
+    from hybrid_stack.stack import find_root
+
+    root = (root or find_root()).resolve()
+    staged = refresh_root(root)
+    if (
+        not (root / "work" / "rebase" / "state.json").is_file()
+        and (staged / "work" / "rebase" / "state.json").is_file()
+    ):
+        root = staged
+    return load_stack(root, check_files=False)
+
+
 def load_state(stack: Stack) -> dict | None:
     try:
         return json.loads((state_dir(stack) / "state.json").read_text())
@@ -751,7 +769,15 @@ def _finish(stack: Stack, state: dict) -> int:
         write_record(stack.root, Record(**{**src, "entries": tuple(map(tuple, src["entries"]))}))
         print(f"rebase: the port's source recorded in {stack.root / 'ported-from.toml'}")
     write_pin(stack, pin_path.read_text())  # the one step that moves the pin
+    port_root = state.get("port_root")
+    if port_root:  # `hybrid-stack port`: only now does the refresh replace the committed port
+        from hybrid_stack.port import install
+
+        install(stack.root, Path(port_root), state_dir(stack) / "port")
+        print(f"rebase: {port_root} replaced by the refreshed port")
     shutil.rmtree(state_dir(stack))
+    if port_root:
+        shutil.rmtree(stack.root)  # the staged copy, installed
     print(
         f"rebase: the stack is on vLLM {state['new_version']} "
         f"({work} at {repo.rev('HEAD')[:12]}); the previous head stays at "
@@ -771,9 +797,11 @@ def _stop_message(state: dict) -> str:
         )
     else:
         todo = f"resolve the conflicts in {work} and git add the files"
+    # a port's refresh is resumed with the port's --root (rebasing() finds it there)
+    root = f"--root {state['port_root']} " if state.get("port_root") else ""
     return (
         f"entry '{o['name']}' is {OUTCOME_TEXT[o['outcome']]} on vLLM {state['new_version']} "
-        f"({what}): {todo}, then hybrid-stack rebase --continue (or rebase --abort to go "
+        f"({what}): {todo}, then hybrid-stack {root}rebase --continue (or rebase --abort to go "
         "back exactly)"
     )
 
@@ -797,8 +825,8 @@ def start(args: argparse.Namespace) -> int:
     from hybrid_stack.workstate import current_files, export_files
 
     stack = load_stack(args.root)
-    if load_state(stack):
-        st = load_state(stack)
+    st = load_state(rebasing(stack.root))
+    if st:
         raise StackError(
             f"a rebase onto {st['new_version']} is in progress: rebase --continue or "
             "rebase --abort first"
@@ -832,10 +860,12 @@ def start(args: argparse.Namespace) -> int:
         + ([f"--report {_shown(args.report, stack.root)}"] if args.report else [])
         + ([f"--notes {_shown(args.notes, stack.root)}"] if args.notes else [])
     )
+    # `hybrid-stack port` rebases a staged copy of the port, installed into port_root at the end
+    port_root = getattr(args, "port_root", None)
     report = args.report or (
         stack.root / "results" / f"rebase-{version}.md"
         if args.dry_run
-        else stack.root / "work" / f"rebase-{version}.md"
+        else (port_root or stack.root) / "work" / f"rebase-{version}.md"
     )
     state = {
         "version": 1,
@@ -860,6 +890,7 @@ def start(args: argparse.Namespace) -> int:
         "had_tag": repo.has_ref(new.tag),
         # `hybrid-stack port`: the main series this port is made from, recorded at the end
         "port_source": asdict(args.port_source) if getattr(args, "port_source", None) else None,
+        "port_root": str(port_root) if port_root else None,
     }
     if args.dry_run:
         return _dry_run(stack, repo, new, state)
@@ -939,7 +970,7 @@ def _dry_run(stack: Stack, repo: Repo, new: Pin, state: dict) -> int:
 
 
 def cont(args: argparse.Namespace) -> int:
-    stack = load_stack(args.root, check_files=False)
+    stack = rebasing(args.root)
     state = load_state(stack)
     if not state:
         raise StackError("no rebase in progress (start one with hybrid-stack rebase VERSION)")
@@ -1001,7 +1032,7 @@ def abort(args: argparse.Namespace) -> int:
     from hybrid_stack.applier import _write_state
     from hybrid_stack.stack import load_pin
 
-    stack = load_stack(args.root, check_files=False)
+    stack = rebasing(args.root)
     state = load_state(stack)
     if not state:
         raise StackError("no rebase in progress: nothing to abort")
@@ -1034,7 +1065,20 @@ def abort(args: argparse.Namespace) -> int:
         _write_state(repo, state["apply_state"])
     else:
         (repo.git_dir() / "hybrid-stack-state.json").unlink(missing_ok=True)
+    port_root = state.get("port_root")
+    if port_root:  # a refresh killed while its finish installed it: the port back as it was
+        from hybrid_stack.port import PREVIOUS_PORT_REF, restore
+
+        restore(Path(port_root), state_dir(stack) / "port")
     shutil.rmtree(state_dir(stack))
+    if port_root:
+        shutil.rmtree(stack.root)  # the staged copy, given up
+        print(
+            f"rebase: aborted; {port_root} is as it was; {state['work']} holds the series "
+            f"copy on vLLM {state['old_version']} (the port's previous commits are at "
+            f"{PREVIOUS_PORT_REF}): hybrid-stack --root {port_root} apply rebuilds the port there"
+        )
+        return 0
     print(
         f"rebase: aborted; pin, patches/, overlay/ and {state['work']} are back on vLLM "
         f"{state['old_version']} at {state['old_head'][:12]}"
