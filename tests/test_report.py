@@ -95,6 +95,27 @@ def synthetic() -> dict[str, dict]:
             ],
             notes=["a note"],
         ),
+        "e2e-allmode-h200.json": result(
+            "e2e-allmode",
+            [
+                timed(
+                    {"model": "q", "mode": mode, "mtp_k": 3, "scenario": sc},
+                    "identical",
+                    1,
+                    same,
+                    cached_tokens=cached,
+                    ideal_cached_tokens=ideal,
+                )
+                for mode, sc, same, cached, ideal in (
+                    ("align", "cold", 0, 0, 0),
+                    ("align", "shared-prefix", 0, 0, 544),
+                    ("all", "cold", 1, 0, 0),
+                    ("all", "shared-prefix", 1, 576, 576),
+                    ("all", "shared-prefix-vs-cold", 1, 576, 576),
+                )
+            ]
+            + [timed({"model": "q", "mtp_k": 3, "decode_tokens": 256}, "decode_tok_per_s", 100, 99)],
+        ),
         "other-h200.json": result("other", [timed({"n": 1}, "x", 1.0, 2.0)]),
     }
 
@@ -193,6 +214,9 @@ def test_report_of_a_synthetic_results_folder(tmp_path: Path):
         "cached/ideal at 16 GiB: all 1.000, align 0.800-0.900; at 3 GiB all 1.000 |",
         "with checkpoints 0.90x of the prefill without",
         "whole-model prefill fused / chain 1.20x at 16k (mm)",
+        "q (MTP k 3): prefix tokens cached for prompts sharing a prefix align 0/544, "
+        "all 576/576; greedy tokens equal to caching off align 0/2, all 2/2; "
+        "decode all / align 0.99x (MTP k 3)",
         "[state_copy](results/state_copy-h200.md)",
         "[results/report/report.md](results/report/report.md)",
     ):

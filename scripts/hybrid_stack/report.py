@@ -557,6 +557,66 @@ def e2e(r: Result) -> Section:
     return Section("; ".join(parts) or f"{len(rows)} rows", lines)
 
 
+def e2e_allmode(r: Result) -> Section:
+    """The all-mode matrix: e2e's tables, plus the timed rows (all against
+    align); the headline says what a user of all mode gets: the prefix
+    tokens each mode caches where a prompt shares only a prefix, and how
+    often the greedy tokens equal prefix caching off's."""
+    rows = r.rows
+    sec = e2e(r)
+    lines = list(sec.lines)
+    for metric, title in (
+        ("decode_tok_per_s", "Decode throughput of one request, align vs all (higher is better):"),
+        ("cold_prefill_tok_per_s", "Prefill of a fresh prompt, align vs all (higher is better):"),
+    ):
+        mine = [x for x in rows if x["metric"] == metric]
+        if mine:
+            lines += [title, ""]
+            lines += table(
+                ["model", "MTP k", "align", "all", "all / align"],
+                [
+                    [x["case"]["model"], str(x["case"]["mtp_k"])]
+                    + [num(x["baseline"]), num(x["value"]), ratio(x["ratio"])]
+                    for x in mine
+                ],
+            )
+            lines.append("")
+    ident = [x for x in rows if x["metric"] == "identical"]
+    parts = []
+    for model in sorted({x["case"]["model"] for x in ident}):
+        mine = [x for x in ident if x["case"]["model"] == model]
+        ks = sorted({x["case"]["mtp_k"] for x in mine})
+        cached, same = [], []
+        for mode in ("align", "all"):
+            shared = [
+                x
+                for x in mine
+                if x["case"]["mode"] == mode and x["case"]["scenario"] == "shared-prefix"
+            ]
+            if shared:
+                got = sum(x["cached_tokens"] for x in shared)
+                ideal = sum(x["ideal_cached_tokens"] for x in shared)
+                cached.append(f"{mode} {got}/{ideal}")
+            vs_off = [
+                x
+                for x in mine
+                if x["case"]["mode"] == mode
+                and x["case"]["scenario"] in ("cold", "same-twice", "shared-prefix")
+            ]
+            if vs_off:
+                same.append(f"{mode} {sum(x['value'] == 1 for x in vs_off)}/{len(vs_off)}")
+        parts.append(
+            f"{model} (MTP k {', '.join(map(str, ks))}): prefix tokens cached for prompts "
+            f"sharing a prefix {', '.join(cached)}; greedy tokens equal to caching off "
+            f"{', '.join(same)}"
+        )
+    timed = [x for x in rows if x["metric"] in ("decode_tok_per_s", "cold_prefill_tok_per_s")]
+    for x in timed:
+        what = "decode" if x["metric"] == "decode_tok_per_s" else "cold prefill"
+        parts.append(f"{what} all / align {ratio(x['ratio'])} (MTP k {x['case']['mtp_k']})")
+    return Section("; ".join(parts) or f"{len(rows)} rows", lines)
+
+
 def generic(r: Result) -> Section:
     n = len(r.rows)
     return Section(f"{n} row{'s' if n != 1 else ''}", common.table_lines(r.data, markdown=True))
@@ -568,6 +628,7 @@ BENCHES: dict[str, Callable[[Result], Section]] = {
     "gdn_checkpoint": gdn_checkpoint,
     "hitrate": hitrate,
     "e2e": e2e,
+    "e2e-allmode": e2e_allmode,
 }
 TITLES = {
     "state_copy": "Mamba state copy",
@@ -576,6 +637,7 @@ TITLES = {
     "gdn_checkpoint": "GDN prefill checkpoints",
     "hitrate": "GDN prefix-cache hit rate",
     "e2e": "End to end",
+    "e2e-allmode": "End to end, mamba_cache_mode=all",
 }
 
 
