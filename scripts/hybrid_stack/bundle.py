@@ -38,8 +38,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_stack import fipack, tritonpack
 from hybrid_stack import stack as stack_mod
-from hybrid_stack import tritonpack
 from hybrid_stack.errors import StackError
 from hybrid_stack.gitops import Repo
 
@@ -47,6 +47,8 @@ DEFAULT_NAME = "hybrid-stack-bundle"
 DEFAULT_MAX_MIB = 60.0
 DEFAULT_PYTHON = "3.12"
 DEFAULT_PLATFORM = "manylinux_2_31_x86_64"
+# --flashinfer without a version: the one requirements/cuda.txt pins
+PINNED = "pinned"
 DATA_DIR = Path(__file__).parent / "bundle_data"
 BENCH_DIR = Path(__file__).parent / "bench"
 # Benchmarks of upstream kernels the stack carries nothing for (yet); the
@@ -210,10 +212,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "see hybrid_stack/tritonpack.py)",
     )
     p.add_argument(
+        "--flashinfer",
+        nargs="?",
+        const=PINNED,
+        metavar="VERSION",
+        help="also pack FlashInfer (default: the version the tree's requirements/cuda.txt "
+        "pins) and the CuTe DSL its GDN prefill needs, in parts, into "
+        "flashinfer-VERSION/ beside the tarball (run.py --flashinfer; see "
+        "hybrid_stack/fipack.py)",
+    )
+    p.add_argument(
         "--triton-part-mib",
         type=float,
         default=tritonpack.DEFAULT_PART_MIB,
-        help=f"largest Triton part in MiB (default {tritonpack.DEFAULT_PART_MIB:g})",
+        help=f"largest Triton or FlashInfer part in MiB (default {tritonpack.DEFAULT_PART_MIB:g})",
     )
     p.set_defaults(func=run)
 
@@ -686,6 +698,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.triton:
         write_triton(args, tarball.parent, manifest["python"])
+    if args.flashinfer:
+        write_flashinfer(args, tarball.parent, manifest["python"], tree)
     return 0
 
 
@@ -704,4 +718,22 @@ def write_triton(args: argparse.Namespace, folder: Path, python: str) -> None:
         f"on the GPU machine: python3 run.py --triton DIR ... with DIR holding "
         f"{tritonpack.INDEX_NAME} and the parts; parts can arrive over several calls "
         "(run.py --triton DIR --stage keeps them until all are there)"
+    )
+
+
+def write_flashinfer(args: argparse.Namespace, folder: Path, python: str, tree: Path) -> None:
+    version = fipack.pinned_version(tree) if args.flashinfer == PINNED else args.flashinfer
+    wheels = fipack.fetch_wheels(version, python, platform_tags(args.platform))
+    out = folder / f"flashinfer-{version}"
+    pack = fipack.write_pack(version, wheels, out, python, args.triton_part_mib)
+    total = sum(p["size"] for p in pack["parts"])
+    sizes = ", ".join(f"{p['size'] / 2**20:.1f}" for p in pack["parts"])
+    print(
+        f"bundle: FlashInfer {version} for Python {python} in {out}: {len(pack['wheels'])} "
+        f"wheel(s), {total / 2**20:.1f} MiB in {len(pack['parts'])} part(s) of {sizes} MiB"
+    )
+    print(
+        f"on the GPU machine: python3 run.py --flashinfer DIR --stage per call with DIR "
+        f"holding {fipack.INDEX_NAME} and the parts carried, then python3 run.py "
+        "--flashinfer DIR ... --e2e-arg=--gdn-prefill-backend=flashinfer"
     )

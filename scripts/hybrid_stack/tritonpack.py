@@ -23,7 +23,6 @@ under the stack cache dir, keyed by the wheel's hash and ``RECIPE``.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import lzma
@@ -35,7 +34,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_stack import downloads
+from hybrid_stack import downloads, packparts
 from hybrid_stack.errors import StackError
 from hybrid_stack.proc import pid_tag, sweep_stale
 from hybrid_stack.stack import cache_dir
@@ -54,7 +53,7 @@ DROPPED = (
 # Wheel metadata that no longer describes the unpacked files.
 SKIPPED_METADATA = ("/RECORD",)
 ELF_MAGIC = b"\x7fELF"
-DEFAULT_PART_MIB = 56.0
+DEFAULT_PART_MIB = packparts.DEFAULT_PART_MIB
 
 Stripper = Callable[[bytes], bytes]
 
@@ -123,65 +122,18 @@ def repack(wheel: Path, archive: Path, stripper: Stripper = strip_debug) -> dict
     return {"dropped": left_out, "debug_stripped": stripped}
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def split(archive: Path, out: Path, name: str, part_mib: float) -> list[dict]:
-    """Cut ``archive`` into ``<name>.NN`` files in ``out``; [{name, size, sha256}]."""
-    limit = int(part_mib * 2**20)
-    if limit < 2**20:
-        raise StackError(f"--triton-part-mib must be at least 1, not {part_mib:g}")
-    parts: list[dict] = []
-    with archive.open("rb") as f:
-        while chunk := f.read(limit):
-            part = f"{name}.{len(parts) + 1:02d}"
-            (out / part).write_bytes(chunk)
-            parts.append({"name": part, "size": len(chunk), "sha256": sha256_bytes(chunk)})
-    return parts
+sha256_bytes = packparts.sha256_bytes
+split = packparts.split
 
 
 def wheel_name(project_files: list[str], version: str, python: str, platforms: list[str]) -> str:
     """The release's wheel for CPython ``python`` on one of ``platforms``."""
-    cp = "cp" + python.replace(".", "")
-    for fname in project_files:
-        if not fname.endswith(".whl"):
-            continue
-        parts = fname[: -len(".whl")].split("-")
-        if len(parts) not in (5, 6) or parts[1] != version:
-            continue
-        if cp in parts[-3].split(".") and set(parts[-1].split(".")) & set(platforms):
-            return fname
-    raise StackError(
-        f"no triton {version} wheel for CPython {python} on {platforms[0]} "
-        f"on the index (it lists {sum(f.endswith('.whl') for f in project_files)} wheels)"
-    )
+    return packparts.wheel_name("triton", project_files, version, python, platforms)
 
 
 def fetch_wheel(version: str, python: str, platforms: list[str]) -> Path:
-    """The verified cached wheel: downloaded once, checked against the sha256
-    the index announces, which is kept beside it for later runs."""
-    folder = cache_dir() / "triton"
-    folder.mkdir(parents=True, exist_ok=True)
-    errors: list[str] = []
-    for index in downloads.pip_indexes():
-        try:
-            files = downloads.index_files(index, "triton")
-        except StackError as e:
-            errors.append(str(e))
-            continue
-        name = wheel_name(list(files), version, python, platforms)
-        url, announced = files[name]
-        if not announced:
-            raise StackError(f"the index announces no sha256 for {name}: refusing to use it")
-        dest = folder / name
-        if not (dest.is_file() and downloads.sha256_file(dest) == announced):
-            print(f"bundle: downloading {name}", flush=True)
-            downloads.download_verified(
-                url, dest, announced, "the index's", "the index serves another file"
-            )
-        return dest
-    raise StackError("triton is not listed on any configured index: " + "; ".join(errors))
+    """The verified cached wheel (packparts.fetch_wheel) under the cache's triton/."""
+    return packparts.fetch_wheel("triton", version, python, platforms, cache_dir() / "triton")
 
 
 def write_pack(wheel: Path, out: Path, part_mib: float, stripper: Stripper = strip_debug) -> dict:

@@ -14,6 +14,8 @@ Unpack the bundle on a machine with a CUDA GPU, torch and triton, then:
     ncu ... python3 my_probe.py               # profilers, notebooks (no CUDA check)
     python run.py --triton T --stage          # keep the Triton parts carried so far
     python run.py --triton T quick            # ... then run under that Triton release
+    python run.py --flashinfer F --stage      # keep the FlashInfer parts carried so far
+    python run.py --flashinfer F --e2e qwen3.5-9b-like --e2e-arg=--gdn-prefill-backend=flashinfer
 
 The runner installs the bundled wheels into a private folder (no network, no
 root; ``--site``), puts that folder, the bundled ``src/`` (the patched vLLM
@@ -28,6 +30,14 @@ bundle --triton VERSION`` wrote. Parts may arrive over several calls of one
 machine: each part found is checked against its sha256 and kept in
 ``--triton-stash``; once all are there, the archive's sha256 is checked and it
 is unpacked into a folder that goes first on the import path.
+
+``--flashinfer DIR`` puts FlashInfer and the CuTe DSL its GDN prefill needs on
+the import path (vLLM's default GDN prefill on Hopper; the engine takes it with
+``--e2e-arg=--gdn-prefill-backend=flashinfer`` or ``auto``): DIR holds the
+``flashinfer-pack.json`` and parts that ``hybrid-stack bundle --flashinfer``
+wrote, staged over calls in ``--flashinfer-stash`` as the Triton parts are
+(``--stage`` keeps both); once all are there, each wheel is cut from the
+joined parts, checked against its sha256 and unpacked into a private folder.
 """
 
 from __future__ import annotations
@@ -154,6 +164,29 @@ def cuda_facts() -> dict[str, Any]:
     return facts
 
 
+def unpack_wheel(whl: Path, site: Path) -> None:
+    """Unpack one wheel into ``site`` (what pip --target does, offline)."""
+    with zipfile.ZipFile(whl) as zf:
+        for info in zf.infolist():
+            parts = info.filename.split("/")
+            # <name>.data/{purelib,platlib}/... goes to the root; scripts,
+            # headers and data are not needed to import.
+            if parts[0].endswith(".data"):
+                if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                    continue
+                parts = parts[2:]
+            target = site.joinpath(*parts)
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                target.chmod(mode | 0o600)
+
+
 def install_wheels(manifest: dict[str, Any], site: Path) -> list[str]:
     """Unpack the bundled wheels into ``site`` (what pip --target does, offline)."""
     site.mkdir(parents=True, exist_ok=True)
@@ -162,26 +195,7 @@ def install_wheels(manifest: dict[str, Any], site: Path) -> list[str]:
     if stamp.is_file() and stamp.read_text().split() == wheels:
         return wheels
     for name in wheels:
-        whl = HERE / "wheels" / name
-        with zipfile.ZipFile(whl) as zf:
-            for info in zf.infolist():
-                parts = info.filename.split("/")
-                # <name>.data/{purelib,platlib}/... goes to the root; scripts,
-                # headers and data are not needed to import.
-                if parts[0].endswith(".data"):
-                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                        continue
-                    parts = parts[2:]
-                target = site.joinpath(*parts)
-                if info.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-                mode = (info.external_attr >> 16) & 0o777
-                if mode:
-                    target.chmod(mode | 0o600)
+        unpack_wheel(HERE / "wheels" / name, site)
     stamp.write_text("\n".join(wheels) + "\n")
     return wheels
 
@@ -199,19 +213,27 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def stage_triton(folder: Path, stash: Path) -> tuple[dict[str, Any], list[str]]:
-    """Keep the Triton pack's parts found in ``folder`` in ``stash``, each
-    checked against its sha256; returns the pack and the parts still missing."""
-    index = folder / TRITON_INDEX
+FI_INDEX = "flashinfer-pack.json"
+FI_FORMAT = "hybrid-stack-flashinfer-pack/1"
+FI_STAMP = ".hybrid-stack-flashinfer"
+
+
+def stage_pack(
+    folder: Path, stash: Path, index_name: str, fmt: str, flag: str
+) -> tuple[dict[str, Any], list[str]]:
+    """Keep the parts of the pack (``index_name``, format ``fmt``) found in
+    ``folder`` in ``stash``, each checked against its sha256; returns the pack
+    and the parts still missing. ``flag``: the bundle option that wrote it."""
+    index = folder / index_name
     try:
         pack = json.loads(index.read_text())
     except (OSError, ValueError) as e:
         raise RunError(
-            f"no readable {TRITON_INDEX} in {folder} ({e}): pass --triton the folder "
-            "'hybrid-stack bundle --triton VERSION' wrote"
+            f"no readable {index_name} in {folder} ({e}): pass the folder "
+            f"'hybrid-stack bundle {flag}' wrote"
         ) from None
-    if pack.get("format") != TRITON_FORMAT:
-        raise RunError(f"{index} is not a {TRITON_FORMAT} pack: rebuild it with this bundle")
+    if pack.get("format") != fmt:
+        raise RunError(f"{index} is not a {fmt} pack: rebuild it with this bundle")
     stash.mkdir(parents=True, exist_ok=True)
     missing = []
     for part in pack["parts"]:
@@ -232,6 +254,16 @@ def stage_triton(folder: Path, stash: Path) -> tuple[dict[str, Any], list[str]]:
         shutil.copyfile(src, tmp)
         tmp.replace(kept)
     return pack, missing
+
+
+def stage_triton(folder: Path, stash: Path) -> tuple[dict[str, Any], list[str]]:
+    """The Triton pack's parts in ``folder``, staged (stage_pack)."""
+    return stage_pack(folder, stash, TRITON_INDEX, TRITON_FORMAT, "--triton VERSION")
+
+
+def stage_flashinfer(folder: Path, stash: Path) -> tuple[dict[str, Any], list[str]]:
+    """The FlashInfer pack's parts in ``folder``, staged (stage_pack)."""
+    return stage_pack(folder, stash, FI_INDEX, FI_FORMAT, "--flashinfer")
 
 
 class _Parts(io.RawIOBase):
@@ -264,13 +296,7 @@ class _Parts(io.RawIOBase):
 
 def install_triton(pack: dict[str, Any], stash: Path, site: Path) -> Path:
     """Unpack the complete, verified pack beside ``site``; returns its folder."""
-    want = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if pack["python"] != want:
-        raise RunError(
-            f"the Triton pack is for Python {pack['python']}, this is Python {want}: "
-            f"rebuild it with 'hybrid-stack bundle --python-version {want} --triton "
-            f"{pack['triton']}'"
-        )
+    check_pack_python(pack, "Triton", f"--triton {pack['triton']}")
     target = site.parent / f"{site.name}-triton-{pack['triton']}"
     sha = pack["archive"]["sha256"]
     stamp = target / TRITON_STAMP
@@ -296,9 +322,67 @@ def install_triton(pack: dict[str, Any], stash: Path, site: Path) -> Path:
     return target
 
 
-def child_env(site: Path, triton: Path | None = None) -> dict[str, str]:
+def check_pack_python(pack: dict[str, Any], what: str, flag: str) -> None:
+    want = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if pack["python"] != want:
+        raise RunError(
+            f"the {what} pack is for Python {pack['python']}, this is Python {want}: "
+            f"rebuild it with 'hybrid-stack bundle --python-version {want} {flag}'"
+        )
+
+
+def install_flashinfer(pack: dict[str, Any], stash: Path, site: Path) -> list[Path]:
+    """Cut the wheels out of the complete staged parts, check each against its
+    sha256, unpack them into a folder beside ``site``; returns the folders to
+    put on the import path (that folder and the ones its .pth files name)."""
+    check_pack_python(pack, "FlashInfer", f"--flashinfer {pack['flashinfer']}")
+    target = site.parent / f"{site.name}-flashinfer-{pack['flashinfer']}"
+    paths = [target, *(target / p for p in pack["import_paths"])]
+    digest = hashlib.sha256(" ".join(w["sha256"] for w in pack["wheels"]).encode()).hexdigest()
+    stamp = target / FI_STAMP
+    if stamp.is_file() and stamp.read_text().strip() == digest:
+        return paths
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    wheels = tmp / ".wheels"
+    wheels.mkdir(parents=True)
+    parts = [stash / p["sha256"] for p in pack["parts"]]
+    try:
+        with io.BufferedReader(_Parts(parts)) as f:
+            for w in pack["wheels"]:
+                dest, h, left = wheels / w["name"], hashlib.sha256(), w["size"]
+                with open(dest, "wb") as out:
+                    while left and (block := f.read(min(left, 1 << 20))):
+                        h.update(block)
+                        out.write(block)
+                        left -= len(block)
+                if left or h.hexdigest() != w["sha256"]:
+                    raise RunError(
+                        f"{w['name']} cut from the FlashInfer parts has sha256 "
+                        f"{h.hexdigest()[:16]}..., not the pack's {w['sha256'][:16]}...: the "
+                        "parts are from different packs; carry them again"
+                    )
+            if f.read(1):
+                raise RunError("the FlashInfer parts hold more than the pack's wheels: rebuild it")
+        for w in pack["wheels"]:
+            unpack_wheel(wheels / w["name"], tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(wheels)
+    (tmp / FI_STAMP).write_text(digest + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.replace(target)
+    return paths
+
+
+def child_env(
+    site: Path, triton: Path | None = None, flashinfer: list[Path] | None = None
+) -> dict[str, str]:
     env = dict(os.environ)
-    paths = [str(site), str(HERE / "src"), str(HERE)]
+    # FlashInfer after the bundle's wheels (it needs their apache-tvm-ffi) and
+    # before the vLLM sources; a packed Triton before everything.
+    paths = [str(site), *(str(p) for p in flashinfer or ()), str(HERE / "src"), str(HERE)]
     if triton is not None:
         paths.insert(0, str(triton))
     if env.get("PYTHONPATH"):
@@ -336,6 +420,29 @@ def probe_vllm(env: dict[str, str]) -> dict[str, Any]:
         tail = (p.stderr.strip().splitlines() or ["?"])[-1]
         raise RunError(f"the bundled vLLM does not import: {tail}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def probe_flashinfer(env: dict[str, str], paths: list[Path]) -> dict[str, Any]:
+    """The FlashInfer the children import: version and path (it must be the
+    packed one); importing it also imports the CuTe DSL."""
+    code = (
+        "import json, importlib.metadata as m, flashinfer, cutlass;"
+        "print(json.dumps({'flashinfer': m.version('flashinfer-python'),"
+        "'flashinfer_path': flashinfer.__file__, 'cutlass_dsl': cutlass.__file__}))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=HERE, capture_output=True, text=True, check=False
+    )
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        raise RunError(f"the packed FlashInfer does not import: {tail}")
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    if not got["flashinfer_path"].startswith(str(paths[0])):
+        raise RunError(
+            f"FlashInfer {got['flashinfer']} ({got['flashinfer_path']}) imports ahead of "
+            f"the packed one in {paths[0]}: unset what puts it first"
+        )
+    return got
 
 
 def tee(cmd: list[str], env: dict[str, str], log: Path, timeout: float | None) -> int:
@@ -541,6 +648,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"{env.get('vllm')}) on {', '.join(env.get('gpus', []))}: torch "
         f"{env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
         f"driver {env.get('driver')}, Python {env.get('python')}"
+        + (
+            f", FlashInfer {env['flashinfer']} ({env['flashinfer_path']})"
+            if env.get("flashinfer")
+            else ""
+        )
     )
     if summary["tests"]:
         head = ("selection", "passed", "failed", "errors", "skipped", "seconds", "rc")
@@ -648,9 +760,23 @@ def main(argv: list[str] | None = None) -> int:
         help="where Triton parts are kept between calls (default: %(default)s)",
     )
     parser.add_argument(
+        "--flashinfer",
+        type=Path,
+        metavar="DIR",
+        help="put the FlashInfer packed in DIR on the import path (hybrid-stack bundle "
+        "--flashinfer); the engine uses it with --e2e-arg=--gdn-prefill-backend=flashinfer",
+    )
+    parser.add_argument(
+        "--flashinfer-stash",
+        type=Path,
+        default=Path.home() / ".cache" / "hybrid-stack-flashinfer",
+        help="where FlashInfer parts are kept between calls (default: %(default)s)",
+    )
+    parser.add_argument(
         "--stage",
         action="store_true",
-        help="with --triton: keep the parts found, say which are missing, run nothing",
+        help="with --triton / --flashinfer: keep the parts found, say which are missing, "
+        "run nothing",
     )
     parser.add_argument("--list", action="store_true", help="list selections, benchmarks")
     parser.add_argument(
@@ -662,31 +788,51 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = shlex.join(["python", "run.py", *(sys.argv[1:] if argv is None else argv)])
     try:
-        triton = None
-        if args.triton:
-            stash = args.triton_stash.resolve()
-            pack, missing = stage_triton(args.triton.resolve(), stash)
+        triton, flashinfer, staged = None, None, []
+        triton_pack: dict[str, Any] = {}
+        packs = (
+            ("Triton", "triton", args.triton, args.triton_stash, stage_triton),
+            ("FlashInfer", "flashinfer", args.flashinfer, args.flashinfer_stash, stage_flashinfer),
+        )
+        for what, key, folder, stash_arg, stage in packs:
+            if folder is None:
+                continue
+            stash = stash_arg.resolve()
+            pack, missing = stage(folder.resolve(), stash)
             have = len(pack["parts"]) - len(missing)
-            if args.stage:
+            staged.append((what, key, pack, missing, have, stash))
+        if args.stage:
+            if not staged:
+                raise RunError(
+                    "--stage keeps pack parts: it needs --triton DIR or --flashinfer DIR"
+                )
+            for what, key, pack, missing, have, stash in staged:
                 print(
-                    f"Triton {pack['triton']}: {have} of {len(pack['parts'])} part(s) kept "
+                    f"{what} {pack[key]}: {have} of {len(pack['parts'])} part(s) kept "
                     f"in {stash}" + (f"; still missing: {', '.join(missing)}" if missing else "")
                 )
-                return 0
+            return 0
+        for what, key, pack, missing, have, stash in staged:
             if missing:
                 raise RunError(
-                    f"Triton {pack['triton']}: missing part(s) {', '.join(missing)} (the "
+                    f"{what} {pack[key]}: missing part(s) {', '.join(missing)} (the "
                     f"{have} found are kept in {stash} for the next call of this machine)"
                 )
-            triton = install_triton(pack, stash, args.site.resolve())
-        elif args.stage:
-            raise RunError("--stage keeps Triton parts: it needs --triton DIR")
+            if key == "triton":
+                triton = install_triton(pack, stash, args.site.resolve())
+                triton_pack = pack
+            else:
+                flashinfer = install_flashinfer(pack, stash, args.site.resolve())
         manifest = load_manifest()
         if args.env:
             check_python(manifest)
             site = args.site.resolve()
             install_wheels(manifest, site)
-            print(shell_exports(child_env(site, triton)))
+            env = child_env(site, triton, flashinfer)
+            if flashinfer is not None:
+                fi = probe_flashinfer(env, flashinfer)
+                print(f"# FlashInfer {fi['flashinfer']} at {fi['flashinfer_path']}")
+            print(shell_exports(env))
             return 0
         if args.list:
             for name, ids in manifest["selections"].items():
@@ -717,13 +863,15 @@ def main(argv: list[str] | None = None) -> int:
         args.out = args.out.resolve()
         args.out.mkdir(parents=True, exist_ok=True)
         install_wheels(manifest, args.site.resolve())
-        env = child_env(args.site.resolve(), triton)
+        env = child_env(args.site.resolve(), triton, flashinfer)
         facts.update(probe_vllm(env))
-        if triton is not None and facts["triton"] != pack["triton"]:
+        if triton is not None and facts["triton"] != triton_pack["triton"]:
             raise RunError(
                 f"Triton {facts['triton']} ({facts['triton_path']}) imports ahead of the "
-                f"packed {pack['triton']} in {triton}: unset what puts it first"
+                f"packed {triton_pack['triton']} in {triton}: unset what puts it first"
             )
+        if flashinfer is not None:
+            facts.update(probe_flashinfer(env, flashinfer))
     except RunError as e:
         print(f"run.py: error: {e}", file=sys.stderr)
         return EXIT_NO_CUDA if "no CUDA device" in str(e) else EXIT_USAGE

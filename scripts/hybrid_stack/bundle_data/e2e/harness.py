@@ -44,6 +44,13 @@ a named plan; ``<model>--<label>`` when ``--suite`` / ``--set`` run only part of
 the plan, e.g. ``--plan allmode --set ks=[1]``, one MTP k per device call);
 ``--merge`` joins the parts into ``<out>/e2e-<gpu>.json`` and ``.md`` (the common
 results schema).
+
+GDN models run the FLA Triton prefill unless ``--gdn-prefill-backend flashinfer``
+(or ``auto``, vLLM's default: FlashInfer on Hopper) is given, which needs
+FlashInfer importable (``run.py --flashinfer``). Each part records which
+backends its engines' layers resolved to (``settings``, and ``gdn_prefill`` on
+each row); ``--merge`` names them and joins parts of different backends only
+because their rows say which.
 """
 
 from __future__ import annotations
@@ -86,8 +93,8 @@ SUITE_ENTRIES = {
 ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
 # Set before vLLM is imported: the engine core runs in this process (so the
 # harness reaches the model and the shims apply), and the Model Runner V2
-# sampler takes its PyTorch path (the FlashInfer sampler is not on the GPU
-# machine).
+# sampler takes its PyTorch path (FlashInfer is not on the GPU machine unless
+# run.py --flashinfer carries it; --flashinfer-sampler then turns it on).
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
@@ -96,6 +103,16 @@ ENGINE_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+# GDN prefill backends the harness can ask for (vLLM's gdn_prefill_backend;
+# "auto" leaves it unset: FlashInfer on Hopper when importable, FLA Triton in
+# mamba_cache_mode="all"). The default stays FLA Triton: FlashInfer is only on
+# the GPU machine when run.py --flashinfer carries it.
+GDN_BACKENDS = ("triton", "flashinfer", "auto")
+GDN_NAMES = {"triton": "FLA Triton", "flashinfer": "FlashInfer"}
+SAMPLER_TORCH = "PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0)"
+SAMPLER_FLASHINFER = "FlashInfer (VLLM_USE_FLASHINFER_SAMPLER=1)"
+# Which GDN prefill backend the engines' layers ran (gdn_backends), per process.
+GDN_RAN: set[str] = set()
 # Mamba cache modes with prefix caching on; "none" is prefix caching off.
 MODES = ("none", "align", "all")
 OUTPUT_TOKENS = 24
@@ -131,6 +148,8 @@ class Engine:
     # default. A small one chunks every prefill on a fixed grid (see
     # suite_allmode).
     max_num_batched_tokens: int | None = None
+    # vLLM's gdn_prefill_backend for models with GDN layers (GDN_BACKENDS)
+    gdn_prefill: str = "triton"
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -156,9 +175,10 @@ class Engine:
             kw["max_num_seqs"] = min(self.max_num_seqs, self.max_num_batched_tokens)
         if self.mode != "none":
             kw["mamba_cache_mode"] = self.mode
-        if "linear_attention" in cfg.get("layer_types", ()):
-            # FlashInfer is not on the GPU machine: the FLA Triton prefill.
-            kw["gdn_prefill_backend"] = "triton"
+        if "linear_attention" in cfg.get("layer_types", ()) and self.gdn_prefill != "auto":
+            # FLA Triton unless asked otherwise (FlashInfer needs run.py --flashinfer);
+            # "auto" leaves vLLM's default (unset).
+            kw["gdn_prefill_backend"] = self.gdn_prefill
         if self.ssd_prefill:
             kw["mamba_ssd_prefill"] = self.ssd_prefill
         if self.mtp_k:
@@ -178,6 +198,47 @@ class Engine:
         if self.max_num_batched_tokens:
             parts.append(f"chunk{self.max_num_batched_tokens}")
         return "/".join(parts)
+
+
+def gdn_backends(model: Any) -> list[str]:
+    """The GDN prefill backends ``model``'s layers resolved to (their
+    ``ChunkGatedDeltaRule.gdn_prefill_backend``); empty without GDN layers."""
+    return sorted(
+        {m.gdn_prefill_backend for m in model.modules() if hasattr(m, "gdn_prefill_backend")}
+    )
+
+
+def gdn_label(requested: str, ran: list[str] | set[str], flashinfer: str | None = None) -> str:
+    """What a part says of its GDN prefill: the backends that ran and the one asked for."""
+    names = [
+        f"{GDN_NAMES.get(b, b)}{' ' + flashinfer if b == 'flashinfer' and flashinfer else ''}"
+        for b in sorted(ran)
+    ]
+    return f"{' + '.join(names) or 'none ran'} (gdn_prefill_backend={requested})"
+
+
+def flashinfer_version() -> str | None:
+    """The importable FlashInfer's version, or None."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def part_settings(requested: str, ran: set[str], sampler: str) -> dict[str, Any]:
+    """A part's engine settings merge compares: the GDN prefill (None for a
+    model without GDN layers) and the sampler."""
+    gdn = gdn_label(requested, ran, flashinfer_version() if "flashinfer" in ran else None)
+    return {"gdn_prefill": gdn if ran else None, "sampler": sampler}
+
+
+# What parts written before parts carried settings ran.
+LEGACY_SETTINGS = {"gdn_prefill": gdn_label("triton", ["triton"]), "sampler": SAMPLER_TORCH}
 
 
 def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
@@ -269,6 +330,8 @@ class Runner:
         self.llm = LLM(**spec.kwargs())
         self.startup_s = time.perf_counter() - t0
         self.llm.apply_model(redraw_weights)
+        for ran in self.llm.apply_model(gdn_backends):
+            GDN_RAN.update(ran)
         cfg = self.llm.llm_engine.vllm_config
         self.block_size = cfg.cache_config.block_size
         self.vocab = cfg.model_config.get_vocab_size()
@@ -857,6 +920,7 @@ def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
                 f"e2e: part {p['model']} ran with other {', '.join(differ)} than part "
                 f"{parts[0]['model']}: merge parts of one machine and software only"
             )
+    settings = merged_settings(parts)
     rows = [r for p in parts for r in p["rows"]]
     result: dict[str, Any] = {
         "bench": bench,
@@ -870,8 +934,7 @@ def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
         "settings": {
             "engine": "V1 engine core in-process, Model Runner V2",
             "attention": "TRITON_ATTN",
-            "gdn_prefill": "FLA Triton (gdn_prefill_backend=triton; FlashInfer absent)",
-            "sampler": "PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0)",
+            **settings,
             "weights": f"dummy, redrawn from seed {WEIGHT_SEED} (harness.redraw_weights)",
         },
         "failures": [f for p in parts for f in p["failures"]],
@@ -893,6 +956,26 @@ def merge(out: Path, bench: str = BENCH) -> dict[str, Any]:
         ),
     }
     return result
+
+
+def merged_settings(parts: list[dict[str, Any]]) -> dict[str, str]:
+    """The parts' settings (LEGACY_SETTINGS for parts without them) as one:
+    a value all parts share, or, where they differ, "per row" when every row
+    of those parts carries it (the tables then get a column), else refused."""
+    out: dict[str, str] = {}
+    for key in LEGACY_SETTINGS:
+        values = {p.get("settings", LEGACY_SETTINGS)[key] for p in parts} - {None}
+        if len(values) <= 1:
+            out[key] = values.pop() if values else f"none ran (no model with {key})"
+            continue
+        ran = [p for p in parts if p.get("settings", LEGACY_SETTINGS)[key] is not None]
+        if not all(key in r for p in ran for r in p["rows"]):
+            raise SystemExit(
+                f"e2e: parts ran different {key} ({'; '.join(sorted(values))}) and their "
+                "rows do not say which: merge the parts of one setting only"
+            )
+        out[key] = "per row: " + "; ".join(sorted(values))
+    return out
 
 
 def _compiled_ops_per_model(parts: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -1015,7 +1098,9 @@ def markdown(result: dict[str, Any]) -> str:
         *(f"- engine failed: {f['engine']}: {f['error']}" for f in result["failures"]),
         *(f"- note: {n}" for n in result.get("notes", [])),
     ]
+    per_row = [k for k, v in result["settings"].items() if str(v).startswith("per row")]
     for metric, (title, cols) in TABLES.items():
+        cols = [*cols, *((k, lambda r, k=k: r.get(k)) for k in per_row)]
         rows = [r for r in result["rows"] if r["metric"] == metric]
         if not rows:
             continue
@@ -1057,6 +1142,18 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="fixed KV cache size per engine (to run harnesses side by side)",
     )
+    p.add_argument(
+        "--gdn-prefill-backend",
+        choices=GDN_BACKENDS,
+        default=Engine.gdn_prefill,
+        help="vLLM's GDN prefill backend (flashinfer or auto need FlashInfer: run.py "
+        "--flashinfer; all mode always runs FLA Triton)",
+    )
+    p.add_argument(
+        "--flashinfer-sampler",
+        action="store_true",
+        help="the FlashInfer sampler (VLLM_USE_FLASHINFER_SAMPLER=1; needs FlashInfer)",
+    )
     p.add_argument("--merge", action="store_true", help="join the parts in --out")
     p.add_argument("--note", action="append", default=[], help="with --merge: a note to keep")
     p.add_argument("--out", type=Path, required=True)
@@ -1084,7 +1181,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.part is not None:
         label = args.part
+    wants_fi = args.gdn_prefill_backend != "triton" or args.flashinfer_sampler
+    if wants_fi and flashinfer_version() is None:
+        p.error(
+            "FlashInfer does not import here: --gdn-prefill-backend "
+            f"{args.gdn_prefill_backend} / --flashinfer-sampler need run.py --flashinfer DIR"
+        )
     os.environ.update(ENGINE_ENV)
+    if args.flashinfer_sampler:
+        os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "1"
     # tensor-parallel workers are processes of their own: they import this
     # module (redraw_weights travels by name) and the shims
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -1100,8 +1205,17 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_gib=args.kv_cache_gib,
         lock=args.gpu_lock,
         tensor_parallel_size=args.tensor_parallel_size,
+        gdn_prefill=args.gdn_prefill_backend,
     )
     part = run_model(base, plan)
+    part["settings"] = part_settings(
+        args.gdn_prefill_backend,
+        GDN_RAN,
+        SAMPLER_FLASHINFER if args.flashinfer_sampler else SAMPLER_TORCH,
+    )
+    if part["settings"]["gdn_prefill"] is not None:
+        for r in part["rows"]:
+            r["gdn_prefill"] = part["settings"]["gdn_prefill"]
     part["plan"] = plan
     part["env"] = common.versions()
     part["command"] = common.command_line()
