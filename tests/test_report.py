@@ -114,7 +114,9 @@ def synthetic() -> dict[str, dict]:
                     ("all", "shared-prefix-vs-cold", 1, 576, 576),
                 )
             ]
-            + [timed({"model": "q", "mtp_k": 3, "decode_tokens": 256}, "decode_tok_per_s", 100, 99)],
+            + [
+                timed({"model": "q", "mtp_k": 3, "decode_tokens": 256}, "decode_tok_per_s", 100, 99)
+            ],
         ),
         "other-h200.json": result("other", [timed({"n": 1}, "x", 1.0, 2.0)]),
     }
