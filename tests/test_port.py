@@ -239,6 +239,26 @@ def test_a_refresh_replaces_the_port_only_when_it_finishes(repo: Toy, capsys):
     assert not (port_dir(toy) / "work" / "refresh").exists()
 
 
+def test_a_port_of_a_series_with_kernel_cases(repo: Toy):
+    """The staged copy of the series sees the main root's ci/: an entry's
+    kernel_cases names a file there (the real series does)."""
+    toy = repo
+    cases = toy.root / "ci" / "kernel-cases" / "clean.py"
+    cases.parent.mkdir(parents=True)
+    cases.write_text("CASES = []\n")
+    series = toy.root / "patches" / "series.toml"
+    text = series.read_text()
+    assert text.count('name = "clean"\n') == 1
+    series.write_text(
+        text.replace(
+            'name = "clean"\n', 'name = "clean"\nkernel_cases = "ci/kernel-cases/clean.py"\n'
+        )
+    )
+    commit_all(toy, "kernel cases")
+    assert toy.cli("port", "0.0.2") == 0
+    assert toy.cli("--root", str(port_dir(toy)), "check") == 0
+
+
 def test_a_refresh_killed_while_it_installs_is_undone_or_redone(repo: Toy, monkeypatch, capsys):
     toy = repo
     assert toy.cli("port", "0.0.2") == 0

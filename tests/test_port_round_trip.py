@@ -53,6 +53,7 @@ PORTED_BY_HAND = [
     "gdn-all-mode-scheduler-split",
     "gdn-all-mode-kv-cache-manager",
     "gdn-all-mode-metadata",
+    "gdn-all-mode-layer",
 ]
 
 

@@ -422,6 +422,9 @@ def make_port(main: Stack, port_root: Path, version: str, report: Path | None) -
     if staged.exists():  # an earlier refresh given up
         shutil.rmtree(staged)
     materialize(files, staged)
+    # the copy's series names files under ci/ (kernel_cases): the main root's, as a port's
+    if (main.root / "ci").is_dir():
+        (staged / "ci").symlink_to(os.path.relpath(main.root / "ci", staged))
     copy = load_stack(staged)
     print(
         f"port: {len(files)} files of the series at {commit[:12]} copied into {staged}; "

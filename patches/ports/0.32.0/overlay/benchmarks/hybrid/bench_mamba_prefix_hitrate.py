@@ -835,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
                 "running requests (cached-but-free blocks excluded); `blocks` "
                 "= pool size at this KV cache budget, equal for all modes. "
                 "`no fit`: one request needs more blocks than the pool.\n\n"
-                f"{summary}\n\n{table}\n"
+                f"{summary}\n\n{render_breakdown(rows)}\n\n{table}\n"
             )
     return 0
 
@@ -867,6 +867,79 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         f"rows above align: {sum(d > 0 for d in diffs)}, equal (+-0.02): "
         f"{sum(abs(d) <= 0.02 for d in diffs)}."
     )
+
+
+def render_breakdown(rows: list[dict[str, Any]]) -> str:
+    """The summary split by budget, block size, MTP k and workload, and the
+    rows where all mode is more than 0.02 below align."""
+    both = [r for r in rows if r["value"] is not None and r["baseline"] is not None]
+    natural = min((r["case"]["block_size"] for r in both), default=0)
+    splits: list[tuple[str, list[dict[str, Any]]]] = []
+    for key, label in (
+        ("kv_budget_gib", "budget {:g} GiB"),
+        ("block_size", "B = {}"),
+        ("num_spec_tokens", "MTP k = {}"),
+    ):
+        for value in sorted(
+            {r["case"][key] for r in both}, reverse=key == "kv_budget_gib"
+        ):
+            name = label.format(value)
+            if key == "block_size" and natural:
+                name = f"B = {value // natural}x ({value})"
+            splits.append((name, [r for r in both if r["case"][key] == value]))
+    for workload in WORKLOADS:
+        splits.append(
+            (
+                f"workload {workload}",
+                [
+                    r
+                    for r in both
+                    if r["case"]["workload"] == workload
+                    or r["case"]["workload"].startswith(workload + "_mtp")
+                ],
+            )
+        )
+    splits.append(("all rows", both))
+    header = (
+        "| rows | n | align mean | all mean | min(all-align) "
+        "| rows < align-0.02 | rows > align+0.02 |"
+    )
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    for name, group in splits:
+        if not group:
+            continue
+        diffs = [r["value"] - r["baseline"] for r in group]
+        lines.append(
+            f"| {name} | {len(group)} "
+            f"| {sum(r['baseline'] for r in group) / len(group):.3f} "
+            f"| {sum(r['value'] for r in group) / len(group):.3f} "
+            f"| {min(diffs):+.3f} | {sum(d < -0.02 for d in diffs)} "
+            f"| {sum(d > 0.02 for d in diffs)} |"
+        )
+    below = sorted(
+        (r for r in both if r["value"] < r["baseline"] - 0.02),
+        key=lambda r: r["value"] - r["baseline"],
+    )
+    lines.append(
+        f"\nRows where all < align - 0.02: {len(below)} (`evicted`: checkpoint-tier "
+        "and protected states evicted in the all-mode run; `skipped`: "
+        "checkpoints not written for want of a spare block)."
+    )
+    if below:
+        lines += [
+            "",
+            "| model | B | GiB | workload | align | all | evicted | skipped |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in below:
+            c, run = r["case"], r["per_mode"]["all"]
+            lines.append(
+                f"| {c['model']} | {c['block_size']} | {c['kv_budget_gib']:g} "
+                f"| {c['workload']} | {r['baseline']:.3f} | {r['value']:.3f} "
+                f"| {run.get('mamba_state_evictions', 0)} "
+                f"| {run.get('mamba_checkpoints_skipped', 0)} |"
+            )
+    return "\n".join(lines)
 
 
 def _fmt(value: float | None) -> str:

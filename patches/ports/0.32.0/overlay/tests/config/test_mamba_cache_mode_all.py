@@ -230,7 +230,7 @@ def test_replayssm_rejects_all_mode():
         ),
     )
     with pytest.raises(ValueError, match="does not support mamba_cache_mode='all'"):
-        VllmConfig.validate_mamba_cached_kernel(config)  # type: ignore[arg-type]
+        VllmConfig.validate_mamba_cached_kernel(config)  # type: ignore[operator]
 
 
 def test_compute_hash_covers_all_mode_fields():

@@ -39,7 +39,7 @@ from vllm.v1.kv_cache_interface import (
     get_mamba_all_mode_state_slots,
     get_mamba_chunk_aligned_prefill_end,
 )
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from .test_prefix_caching import make_request
 
@@ -138,6 +138,9 @@ class _Driver:
         self.contents: dict[tuple[int, int], tuple[int, ...]] = {}
         self.hits: list[tuple[Request, int]] = []
         self.failed_steps = 0
+        # Most Mamba blocks one group of a running request took from the pool
+        # in one step after the step that admitted it.
+        self.max_new_mamba_blocks = 0
 
     def add(self, request: Request, num_decode: int) -> None:
         self.waiting.append((request, num_decode))
@@ -172,6 +175,15 @@ class _Driver:
             for idx in slots.spec_block_idxs:
                 self.contents[(g, row[idx])] = ("draft",)  # type: ignore[assignment]
 
+    def _mamba_blocks_held(self, request_id: str) -> list[set[int]]:
+        """Per Mamba group, the blocks the request holds: its table and the
+        speculative blocks reserved for it."""
+        return [
+            {b.block_id for b in m.req_to_blocks.get(request_id, []) if not b.is_null}
+            | {b.block_id for b in m._spec_reserve.get(request_id, [])}
+            for m in _mamba_managers(self.manager)
+        ]
+
     def step(self) -> None:
         manager = self.manager
         manager.new_step_starts()
@@ -180,6 +192,7 @@ class _Driver:
         for run in self.running:
             request = run.request
             start = request.num_computed_tokens
+            held_before = self._mamba_blocks_held(request.request_id)
             if start < request.num_prompt_tokens:
                 end = self._chunk_end(start, request)
                 num_new, num_draft = end - start, 0
@@ -195,6 +208,12 @@ class _Driver:
             if new is None:
                 self.failed_steps += 1
                 continue
+            for before, after in zip(
+                held_before, self._mamba_blocks_held(request.request_id)
+            ):
+                self.max_new_mamba_blocks = max(
+                    self.max_new_mamba_blocks, len(after - before)
+                )
             scheduled.append((run, start, num_new, num_draft))
             run.new_blocks = new  # type: ignore[attr-defined]
             budget -= num_new
@@ -213,6 +232,9 @@ class _Driver:
             if new is None:
                 break
             self.waiting.pop(0)
+            # As the scheduler does: a waiting request's admission may not
+            # take a running request's protected states, its later steps may.
+            request.status = RequestStatus.RUNNING
             manager.record_prefix_cache_stats(request, num_hit)
             self.hits.append((request, num_hit))
             request.num_computed_tokens = num_hit
@@ -276,12 +298,12 @@ def check_block_accounting(manager: KVCacheManager, running: list[_Running]) -> 
                 if not block.is_null:
                     refs[block.block_id] = refs.get(block.block_id, 0) + 1
     queued: set[int] = set()
-    block: KVCacheBlock | None = pool.free_block_queue.fake_free_list_head
+    node: KVCacheBlock | None = pool.free_block_queue.fake_free_list_head
     while True:
-        block = block.next_free_block  # type: ignore[union-attr]
-        if block is None or block is pool.free_block_queue.fake_free_list_tail:
+        node = node.next_free_block  # type: ignore[union-attr]
+        if node is None or node is pool.free_block_queue.fake_free_list_tail:
             break
-        queued.add(block.block_id)
+        queued.add(node.block_id)
     tier = set(pool._checkpoint_tier)
     protected = set(pool._protected)
     assert not (queued & tier) and not (queued & protected) and not (tier & protected)
@@ -350,6 +372,39 @@ def test_admission_never_worse_than_align(
         # block with a one-token remainder); nothing to compare then.
         assume(num_blocks < limit)
     assert _fits_alone("all", num_blocks, prompt_len, budget, num_spec)
+
+
+@SETTINGS
+@given(
+    prompt_blocks=st.integers(1, 24),
+    extra=st.integers(1, BLOCK_SIZE - 1),
+    budget_blocks=st.integers(1, 8),
+    num_spec=st.integers(0, 3),
+    num_requests=st.integers(1, 3),
+)
+def test_admission_reserves_the_mamba_footprint(
+    prompt_blocks: int,
+    extra: int,
+    budget_blocks: int,
+    num_spec: int,
+    num_requests: int,
+) -> None:
+    """After the step that admitted it, a request takes at most one Mamba
+    block per group and step from the pool (its next write slot), as in
+    align mode: its first drafts use the speculative blocks reserved at
+    admission. Otherwise admitted requests would grow past what admission
+    counted and evict cached states (or each other) to make room."""
+    prompt_len = prompt_blocks * BLOCK_SIZE + extra
+    driver = _Driver("all", 400, budget_blocks * BLOCK_SIZE, num_spec, seed=0)
+    for i in range(num_requests):
+        request = make_request(
+            f"r{i}", [i * 100_000 + t for t in range(prompt_len)], BLOCK_SIZE, sha256
+        )
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=2 * BLOCK_SIZE // (1 + num_spec) + 3)
+    driver.run()
+    assert not driver.waiting and not driver.running
+    assert driver.max_new_mamba_blocks <= 1
 
 
 # ----- hits resume from exactly their prefix; accounting ---------------------
@@ -546,3 +601,194 @@ def test_mamba_state_stats() -> None:
     pool = driver.manager.block_pool
     assert stats.mamba_state_evictions == pool.num_checkpoint_evictions
     assert stats.mamba_checkpoints_skipped == pool.num_checkpoints_skipped
+
+
+def test_resumed_state_is_protected_while_its_request_runs() -> None:
+    """The cached state a request resumed from (its prefix hit, a proven
+    branch point) is protected while the request runs once the request no
+    longer references it, and joins the LRU queue when the request finishes."""
+    driver = _Driver("all", 200, 4 * BLOCK_SIZE, 0, seed=0)
+    doc = list(range(6 * BLOCK_SIZE))
+    first = make_request(
+        "a", doc + [7_000_000 + j for j in range(40)], BLOCK_SIZE, sha256
+    )
+    first.sampling_params.max_tokens = 1 << 20
+    driver.add(first, num_decode=1)
+    driver.run()
+    reader = make_request(
+        "b", doc + [8_000_000 + j for j in range(3 * BLOCK_SIZE)], BLOCK_SIZE, sha256
+    )
+    reader.sampling_params.max_tokens = 1 << 20
+    driver.add(reader, num_decode=2)
+    driver.step()
+    ((_, num_hit),) = driver.hits[-1:]
+    assert num_hit == len(doc)
+    pool = driver.manager.block_pool
+    hit_ids = [
+        row[num_hit // BLOCK_SIZE - 1] for row in driver.running[0].worker_rows[1:]
+    ]
+    while driver.running:
+        driver.step()
+        if driver.running and all(pool.blocks[b].ref_cnt == 0 for b in hit_ids):
+            assert all(pool._protected.get(b) == "b" for b in hit_ids)
+    assert not any(b in pool._protected for b in hit_ids)
+    assert all(pool.blocks[b].block_hash is not None for b in hit_ids)
+
+
+def test_admission_does_not_take_protected_states() -> None:
+    """A running request's protected states are free for its own steps but
+    not for an admission: a waiting request that would only fit by evicting
+    them waits (align mode's running request holds those states)."""
+    driver = _Driver("all", 40, 16 * BLOCK_SIZE, 0, seed=0)
+    first = make_request("r", list(range(6 * BLOCK_SIZE + 5)), BLOCK_SIZE, sha256)
+    first.sampling_params.max_tokens = 1 << 20
+    driver.add(first, num_decode=100)
+    pool = driver.manager.block_pool
+    for _ in range(3):
+        driver.step()
+    assert pool._protected and driver.running
+    num_unprotected = pool.get_num_unprotected_free_blocks()
+    # Attention blocks plus, per Mamba group, one write block and the prompt
+    # checkpoint's block: one more block than the unprotected free ones.
+    num_tokens = (num_unprotected + 1 - 2 * NUM_MAMBA_GROUPS) * BLOCK_SIZE - 1
+    assert num_tokens > 2 * BLOCK_SIZE
+    assert num_unprotected + 1 <= pool.get_num_free_blocks()
+
+    def waiting_request(request_id: str) -> Request:
+        tokens = [900_000 + t for t in range(num_tokens)]
+        return make_request(request_id, tokens, BLOCK_SIZE, sha256)
+
+    assert driver.manager.allocate_slots(waiting_request("w"), num_tokens) is None
+    running = waiting_request("x")
+    running.status = RequestStatus.RUNNING
+    assert driver.manager.allocate_slots(running, num_tokens) is not None
+
+
+def test_admission_reserves_the_chunk_end_state() -> None:
+    """A prefill chunk that ends inside a block (on the kernel-chunk grid)
+    leaves its last block boundary's state, which align mode keeps (align
+    ends the chunk there, in its write block), in a checkpoint slot: its
+    admission counts one block per Mamba group for it. Two admissions in one
+    step that fill the pool must not leave the first's chunk-end state without
+    a block (without the reserve both fit and neither state is kept)."""
+    chunk = 3 * BLOCK_SIZE + KERNEL_CHUNK
+    # Attention blocks of the chunk plus, per Mamba group, the write block and
+    # the chunk-end block: room for one request with the reserve, for two
+    # without it and nothing left for their chunk-end states.
+    per_request = -(-chunk // BLOCK_SIZE) + 2 * NUM_MAMBA_GROUPS
+    num_free = per_request + 4
+    # The step's token budget admits a second request after a first chunk.
+    driver = _Driver("all", 1 + num_free, chunk + 1, 0, seed=0)
+    for i in range(3):
+        request = make_request(
+            f"r{i}",
+            [(i + 1) * 100_000 + t for t in range(4 * chunk)],
+            BLOCK_SIZE,
+            sha256,
+        )
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=1)
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert driver.running
+    anchor_idx = chunk // BLOCK_SIZE - 1
+    for run in driver.running:
+        assert run.request.num_computed_tokens == chunk
+        for manager in _mamba_managers(driver.manager):
+            blocks = manager.req_to_blocks[run.request.request_id]
+            assert not blocks[anchor_idx].is_null, run.request.request_id
+            assert blocks[anchor_idx].block_hash is not None
+
+
+def test_admission_reserves_the_prompt_checkpoint() -> None:
+    """An admission whose step holds the prompt's checkpoint (align mode's
+    prefill checkpoint, which align allocates with the chunk) counts one
+    block per Mamba group for it. Two admissions in one step that fill the
+    pool must not leave the first's prompt checkpoint without a block
+    (without the reserve both fit and the first's checkpoint is skipped, so
+    a request sharing that prompt resumes a block lower)."""
+    num_prompt = 3 * BLOCK_SIZE + 5
+    prompt_idx = (num_prompt - 1) // BLOCK_SIZE - 1
+    num_attn = -(-num_prompt // BLOCK_SIZE)
+    # Two admissions without the reserve (attention blocks and a write block
+    # per Mamba group each) leave one block too few for a checkpoint; with
+    # the reserve the second does not fit.
+    num_free = 2 * (num_attn + NUM_MAMBA_GROUPS) + NUM_MAMBA_GROUPS - 1
+    driver = _Driver("all", 1 + num_free, 2 * num_prompt, 0, seed=0)
+    for i in range(2):
+        request = make_request(
+            f"r{i}",
+            [(i + 1) * 100_000 + t for t in range(num_prompt)],
+            BLOCK_SIZE,
+            sha256,
+        )
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=1)
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert driver.running
+    for run in driver.running:
+        assert run.request.num_computed_tokens == num_prompt
+        for manager in _mamba_managers(driver.manager):
+            blocks = manager.req_to_blocks[run.request.request_id]
+            assert not blocks[prompt_idx].is_null, run.request.request_id
+            assert blocks[prompt_idx].block_hash is not None
+
+
+def test_unwritten_prompt_checkpoint_protects_the_read_slot() -> None:
+    """A running request's final prefill chunk takes its prompt checkpoint
+    from spare blocks only. When a same-step admission leaves none, the
+    checkpoint is skipped; the request's read slot, which the step writes up
+    to its block boundary (the highest state below the skipped one), is then
+    protected in its place until the request finishes, as align mode holds
+    its checkpoint, instead of joining the LRU queue for the next admission
+    to evict. A reader of the prompt resumes from it afterwards."""
+    num_prompt = 4 * BLOCK_SIZE + 40
+    prompt_idx = (num_prompt - 1) // BLOCK_SIZE - 1
+    # First chunk: two blocks and a kernel chunk, so the final chunk starts
+    # inside block 2 and writes its boundary into the read slot in place.
+    budget = 2 * BLOCK_SIZE + KERNEL_CHUNK
+    read_idx = budget // BLOCK_SIZE
+    # With 18 blocks the final chunk of "a" and the admission of "b" (in the
+    # budget left over) leave one unprotected block, fewer than the Mamba
+    # groups need for the prompt checkpoint.
+    driver = _Driver("all", 18, budget, 0, seed=0)
+    tokens = list(range(num_prompt))
+    first = make_request("a", tokens, BLOCK_SIZE, sha256)
+    other = make_request(
+        "b", [500_000 + t for t in range(3 * BLOCK_SIZE)], BLOCK_SIZE, sha256
+    )
+    for request in (first, other):
+        request.sampling_params.max_tokens = 1 << 20
+        driver.add(request, num_decode=4)
+    pool = driver.manager.block_pool
+    managers = _mamba_managers(driver.manager)
+    driver.step()
+    assert first.num_computed_tokens == budget
+    read_ids = [m.req_to_blocks["a"][read_idx].block_id for m in managers]
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert first.num_computed_tokens == num_prompt
+    assert [run.request.request_id for run in driver.running] == ["a", "b"]
+    # The prompt checkpoint was not written for want of a block.
+    assert pool.num_checkpoints_skipped > 0
+    assert all(m.req_to_blocks["a"][prompt_idx].is_null for m in managers)
+    # The next step retires the read slot: protected, owned by "a".
+    driver.step()
+    check_block_accounting(driver.manager, driver.running)
+    assert all(m.req_to_blocks["a"][read_idx].is_null for m in managers)
+    assert all(pool._protected.get(b) == "a" for b in read_ids)
+    while driver.running:
+        driver.step()
+    assert not any(b in pool._protected for b in read_ids)
+    assert all(pool.blocks[b].block_hash is not None for b in read_ids)
+    reader = make_request(
+        "r",
+        tokens[: (read_idx + 1) * BLOCK_SIZE] + [900_000 + t for t in range(40)],
+        BLOCK_SIZE,
+        sha256,
+    )
+    reader.sampling_params.max_tokens = 1 << 20
+    driver.add(reader, num_decode=1)
+    driver.step()
+    assert driver.hits[-1] == (reader, (read_idx + 1) * BLOCK_SIZE)

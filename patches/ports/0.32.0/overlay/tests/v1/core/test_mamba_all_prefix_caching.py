@@ -445,6 +445,29 @@ def test_max_memory_usage_is_not_more_than_align() -> None:
     assert usage("none") < usage("all") <= usage("align")
 
 
+@pytest.mark.parametrize("num_draft", [0, 2])
+def test_block_table_row_holds_every_block_of_a_request(num_draft: int) -> None:
+    """The runners size a request's block table row by
+    ``max_num_blocks_per_req``; in "all" mode the row is position-indexed
+    over the whole sequence (a state slot per block), so every block the
+    manager hands a request, through prefill and decode, must fit in it."""
+    manager = _make_manager(use_eagle=num_draft > 0, num_speculative_blocks=num_draft)
+    spec = manager.kv_cache_config.kv_cache_groups[MAMBA_GROUP].kv_cache_spec
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(mamba_cache_mode="all"))
+    row_capacity = spec.max_num_blocks_per_req(
+        vllm_config,  # type: ignore[arg-type]
+        manager.max_model_len,
+    )
+    request = make_request("long", list(range(6 * BLOCK_SIZE + 7)), BLOCK_SIZE, sha256)
+    request.sampling_params.max_tokens = 10_000
+    _prefill(manager, request, 2 * BLOCK_SIZE, num_lookahead_tokens=num_draft)
+    assert len(_mamba_blocks(manager, request.request_id)) <= row_capacity
+    request.append_output_token_ids([1])
+    while request.num_tokens < 8 * BLOCK_SIZE:
+        _decode_step(manager, request, num_draft, num_draft)
+        assert len(_mamba_blocks(manager, request.request_id)) <= row_capacity
+
+
 def test_manager_accepts_all_mode_with_caching() -> None:
     manager = _make_manager()
     mamba_managers = [
