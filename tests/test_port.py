@@ -6,6 +6,7 @@ from, and status says how far the series has moved on since (never a failure).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -293,4 +294,25 @@ def test_a_refresh_killed_while_it_installs_is_undone_or_redone(repo: Toy, monke
     assert toy.cli("--root", str(port_dir(toy)), "rebase", "--continue") == 0
     assert "overlay/vllm/later.py" in port_files(toy)
     assert toy.cli("--root", str(port_dir(toy)), "check") == 0
+    assert "current (the main series" in status_out(toy, capsys)
+
+
+def test_a_refresh_of_a_port_whose_tree_its_own_apply_made(repo: Toy, capsys):
+    """A port's work tree made fresh by `--root PORT apply` holds only the port's
+    base: the refresh brings the main pin's tag in and keeps the port's commits."""
+    toy = repo
+    assert toy.cli("port", "0.0.2") == 0
+    commit_all(toy, "the port")
+    port = port_dir(toy)
+    work = port / "work" / "vllm"
+    shutil.rmtree(work)
+    assert toy.cli("--root", str(port), "apply") == 0
+    assert git(work, "tag", "--list", "v0.0.1") == ""
+    head = git(work, "rev-parse", "HEAD")
+    md = toy.root / "patches" / "series.toml"
+    md.write_text(md.read_text().replace("Why: testing clean.", "Why: testing clean, again."))
+    assert toy.cli("apply") == 0 and toy.cli("export") == 0
+    commit_all(toy, "a description changed")
+    assert toy.cli("port", "0.0.2") == 0
+    assert git(work, "rev-parse", PREVIOUS_PORT_REF) == head
     assert "current (the main series" in status_out(toy, capsys)

@@ -412,6 +412,8 @@ def make_port(main: Stack, port_root: Path, version: str, report: Path | None) -
         # up it holds the series copy on the main pin, and the ref keeps the port's
         if tag and wrepo.ok("merge-base", "--is-ancestor", tag, "HEAD"):
             wrepo.run("update-ref", PREVIOUS_PORT_REF, "HEAD")
+        if not wrepo.has_ref(main.pin.tag):  # made by the port's own apply: on its base only
+            rebase._fetch_base(main, wrepo, main.pin, "sdist")
         if wrepo.has_ref(PREVIOUS_PORT_REF):
             print(
                 f"port: the previous port's entry commits stay at {PREVIOUS_PORT_REF} in "

@@ -521,8 +521,13 @@ GPU_STARTS = [576, 0, 1152, 64, 0, 576, 1728]
 BF16_TOL = dict(atol=5e-2, rtol=5e-2)
 
 
+# 320 and 576: the all-mode block sizes of the e2e harness's tiny and 9B-like
+# Qwen3.5 models (5 and 9 chunks a block); 2304: a checkpoint every 36 chunks.
+GPU_BLOCK_SIZES = [320, 576, 2304]
+
+
 @gpu
-@pytest.mark.parametrize("block_size", [576, 2304])
+@pytest.mark.parametrize("block_size", GPU_BLOCK_SIZES)
 def test_checkpoints_gpu_kernel_h(block_size):
     _check_kernel_h(
         GPU_LENS, GPU_STARTS, block_size, 4, 8, 128, 128, torch.bfloat16, seed=10
@@ -530,7 +535,7 @@ def test_checkpoints_gpu_kernel_h(block_size):
 
 
 @gpu
-@pytest.mark.parametrize("block_size", [576, 2304])
+@pytest.mark.parametrize("block_size", GPU_BLOCK_SIZES)
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 def test_checkpoints_gpu_parity(block_size, pool_dtype):
     _check_parity(
