@@ -44,7 +44,7 @@ class FakeRunner:
     state), decodes slower than align and prefills long prompts 3% slower."""
 
     def __init__(self, spec):
-        self.spec, self.block_size, self.vocab = spec, BLOCK, 1000
+        self.spec, self.block_size, self.vocab = spec, spec.block_size or BLOCK, 1000
         self.seen: set[tuple[int, ...]] = set()
 
     def serve(self, prompts, max_tokens):
@@ -106,6 +106,24 @@ def test_allmode_suite_rows(fake_engines):
     shared = [r for r in rows if r["case"]["scenario"] == "shared-prefix"]
     assert {r["ideal_cached_tokens"] for r in shared} == {n // BLOCK * BLOCK for n in m["prefixes"]}
     assert {r["max_num_batched_tokens"] for r in rows if r["case"]["mode"] == "all"} == {64}
+
+
+def test_allmode_reference_block_size(fake_engines):
+    """--set ref_block_size=N starts only the reference at block N (to compare
+    all mode with a reference that differs from it in nothing but the cache);
+    every row names the block the reference ran at."""
+    m = dict(harness.ALLMODE_MATRIX, ks=[3], modes=["none", "all"], prefixes=[1072])
+    rows = harness.suite_allmode(harness.Engine("qwen3.5-9b-like"), **m, failures=[])
+    assert {r["reference_block_size"] for r in rows} == {BLOCK}
+    assert [s.block_size for s in fake_engines] == [None, None]
+    fake_engines.clear()
+    rows = harness.suite_allmode(
+        harness.Engine("qwen3.5-9b-like"), **dict(m, ref_block_size=576), failures=[]
+    )
+    assert [(s.mode, s.block_size) for s in fake_engines] == [("none", 576), ("all", None)]
+    assert {r["reference_block_size"] for r in rows} == {576}
+    assert harness.Engine("qwen3.5-9b-like", block_size=576).kwargs()["block_size"] == 576
+    assert "block_size" not in harness.Engine("qwen3.5-9b-like").kwargs()
 
 
 def test_allmode_timed_rows(fake_engines):

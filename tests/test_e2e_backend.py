@@ -77,6 +77,24 @@ def write_parts(out: Path, *parts: dict) -> None:
         (out / f"e2e-part-{p['model']}--{i}.json").write_text(json.dumps(p))
 
 
+def test_flashinfer_plan_needs_the_default_path(tmp_path: Path, capsys: pytest.CaptureFixture):
+    """--plan flashinfer measures vLLM's default Hopper path: without its two
+    settings it stops before any engine, with them it reaches the FlashInfer
+    check (this machine has none); its result is e2e-flashinfer."""
+    base = ["--model", "qwen3.5-9b-like", "--plan", "flashinfer", "--out", str(tmp_path)]
+    for extra in ([], ["--gdn-prefill-backend=auto"], ["--flashinfer-sampler"]):
+        with pytest.raises(SystemExit):
+            harness.main(base + extra)
+        err = capsys.readouterr().err
+        assert "needs --gdn-prefill-backend auto --flashinfer-sampler" in err
+    with pytest.raises(SystemExit):
+        harness.main(base + ["--gdn-prefill-backend=auto", "--flashinfer-sampler"])
+    assert "FlashInfer does not import here" in capsys.readouterr().err
+    assert harness.NAMED_PLANS["flashinfer"]["qwen3.5-9b-like"] == harness.PLANS["qwen3.5-9b-like"]
+    assert harness.bench_name("flashinfer") == "e2e-flashinfer"
+    assert not list(tmp_path.iterdir())
+
+
 def test_merged_settings_say_which_backend_ran(tmp_path: Path):
     fi = harness.part_settings("flashinfer", {"flashinfer"}, harness.SAMPLER_TORCH)
     assert fi["gdn_prefill"] == "FlashInfer (gdn_prefill_backend=flashinfer)"  # none importable

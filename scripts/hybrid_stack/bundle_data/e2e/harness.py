@@ -150,6 +150,9 @@ class Engine:
     max_num_batched_tokens: int | None = None
     # vLLM's gdn_prefill_backend for models with GDN layers (GDN_BACKENDS)
     gdn_prefill: str = "triton"
+    # The KV cache block size; None: the one vLLM derives for the model and
+    # mode (at least as large as the mamba page needs; vLLM keeps a larger one)
+    block_size: int | None = None
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -175,6 +178,8 @@ class Engine:
             kw["max_num_seqs"] = min(self.max_num_seqs, self.max_num_batched_tokens)
         if self.mode != "none":
             kw["mamba_cache_mode"] = self.mode
+        if self.block_size:
+            kw["block_size"] = self.block_size
         if "linear_attention" in cfg.get("layer_types", ()) and self.gdn_prefill != "auto":
             # FLA Triton unless asked otherwise (FlashInfer needs run.py --flashinfer);
             # "auto" leaves vLLM's default (unset).
@@ -197,6 +202,8 @@ class Engine:
             parts.append(self.dtype)
         if self.max_num_batched_tokens:
             parts.append(f"chunk{self.max_num_batched_tokens}")
+        if self.block_size:
+            parts.append(f"block{self.block_size}")
         return "/".join(parts)
 
 
@@ -565,6 +572,7 @@ def suite_allmode(
     question: int,
     chunk: int | None,
     failures: list,
+    ref_block_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """The all-mode identity matrix: per MTP k, one engine per mode (``none``,
     prefix caching off, first: the reference). For each prefix length, a
@@ -582,17 +590,26 @@ def suite_allmode(
     same steps as they do cold and with caching off, so only the cached state
     can make them differ. ``align`` keeps its own splits (it cannot cut a
     prefill finer than its block); its same-twice-vs-cold row is the one that
-    judges it (see VS_COLD). None: vLLM's default budget for every engine."""
+    judges it (see VS_COLD). None: vLLM's default budget for every engine.
+
+    ``ref_block_size``: the reference's KV cache block size (None: vLLM's
+    own, which for a hybrid model depends on the mode: all mode aligns its
+    blocks to the GDN chunk, so the two engines can differ); set it to all
+    mode's block size to compare a cold all-mode request with a reference
+    that differs from it in nothing but the cache."""
     assert modes[0] == "none", "the reference engine comes first"
     rows: list[dict[str, Any]] = []
     longest = max(prefixes) + question + OUTPUT_TOKENS + 64
     base = replace(base, max_model_len=max(base.max_model_len, longest))
     for k in ks:
         refs: dict[int, tuple[Served, Served]] = {}
+        ref_block: int | None = None
         for mode in modes:
             spec = replace(base, mode=mode, mtp_k=k)
             if chunk and mode != "align":
                 spec = replace(spec, max_num_batched_tokens=chunk)
+            if mode == "none" and ref_block_size:
+                spec = replace(spec, block_size=ref_block_size)
             with engine(spec, failures) as run:
                 if run is None:
                     continue
@@ -602,6 +619,7 @@ def suite_allmode(
                     a = prompt(rng, n + question, run.vocab)
                     b = a[:n] + prompt(rng, question, run.vocab)
                     if mode == "none":
+                        ref_block = run.block_size
                         refs[n] = (
                             run.serve([a], OUTPUT_TOKENS)[0],
                             run.serve([b], OUTPUT_TOKENS)[0],
@@ -615,6 +633,7 @@ def suite_allmode(
                         r["prompt_tokens"] = n + question
                         r["prefix_tokens"] = n
                         r["max_num_batched_tokens"] = spec.max_num_batched_tokens
+                        r["reference_block_size"] = ref_block
                         r.update({f"engine_{c}": v for c, v in acc.items()})
                     rows += got
     return rows
@@ -810,6 +829,7 @@ ALLMODE_MATRIX = {
     "prefixes": [1072, 2000, 2144],
     "question": 200,
     "chunk": 64,
+    "ref_block_size": None,
 }
 ALLMODE_TIMED = {
     "ks": [0, 3],
@@ -823,7 +843,14 @@ NAMED_PLANS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
         "tiny-qwen3.5": {"allmode": ALLMODE_MATRIX},
         "qwen3.5-9b-like": {"allmode": ALLMODE_MATRIX, "allmode-timed": ALLMODE_TIMED},
     },
+    # vLLM's default path on Hopper: the GDN models' own plans with FlashInfer's
+    # GDN prefill and sampler (DEFAULT_PATH_PLANS says which arguments)
+    "flashinfer": {m: PLANS[m] for m in ("tiny-qwen3.5", "qwen3.5-9b-like")},
 }
+# Named plans that measure a path, not only a matrix: the harness refuses
+# them without these settings, so that their result cannot silently hold
+# another path's rows.
+DEFAULT_PATH_PLANS = {"flashinfer": ("--gdn-prefill-backend auto", "--flashinfer-sampler")}
 
 
 def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -1181,6 +1208,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.part is not None:
         label = args.part
+    if args.plan in DEFAULT_PATH_PLANS and (
+        args.gdn_prefill_backend != "auto" or not args.flashinfer_sampler
+    ):
+        p.error(f"--plan {args.plan} needs {' '.join(DEFAULT_PATH_PLANS[args.plan])}")
     wants_fi = args.gdn_prefill_backend != "triton" or args.flashinfer_sampler
     if wants_fi and flashinfer_version() is None:
         p.error(
