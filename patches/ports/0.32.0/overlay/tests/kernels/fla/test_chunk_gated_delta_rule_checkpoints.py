@@ -43,6 +43,7 @@ from vllm.third_party.flash_linear_attention.ops.chunk import (
 from vllm.third_party.flash_linear_attention.ops.chunk_delta_h import (
     CHECKPOINT_NULL_SLOT,
     chunk_gated_delta_rule_fwd_h,
+    chunk_gated_delta_rule_fwd_kernel_h_blockdim64,
 )
 from vllm.third_party.flash_linear_attention.ops.cumsum import chunk_local_cumsum
 from vllm.third_party.flash_linear_attention.ops.index import (
@@ -550,6 +551,27 @@ def test_checkpoints_gpu_parity(block_size, pool_dtype):
         pool_dtype,
         BF16_TOL,
         seed=11,
+    )
+
+
+# The kernel's autotune configs (heuristics wrap autotune wraps the kernel).
+KERNEL_H_TUNER = chunk_gated_delta_rule_fwd_kernel_h_blockdim64.fn
+
+
+@gpu
+@pytest.mark.parametrize(
+    "config",
+    KERNEL_H_TUNER.configs,
+    ids=lambda c: f"BV{c.kwargs['BV']}-w{c.num_warps}-s{c.num_stages}",
+)
+def test_checkpoints_gpu_kernel_h_every_config(config, monkeypatch):
+    # Autotuning picks a config by timing, so an engine may run any of them:
+    # each one alone, at the tiny e2e model's shape (8 heads of 128 x 128,
+    # block 320) and a 1272-token prefill step with three boundaries inside.
+    monkeypatch.setattr(KERNEL_H_TUNER, "configs", [config])
+    monkeypatch.setattr(KERNEL_H_TUNER, "cache", {})
+    _check_kernel_h(
+        [1272, 700, 65], [0, 320, 640], 320, 4, 8, 128, 128, torch.bfloat16, seed=14
     )
 
 
