@@ -50,6 +50,8 @@ def part(model: str, settings: dict | None, rows_carry: bool = True) -> dict:
     }
     if settings and settings["gdn_prefill"] and rows_carry:
         row["gdn_prefill"] = settings["gdn_prefill"]
+    if settings and "triton_autotune" in settings and rows_carry:
+        row["triton_autotune"] = settings["triton_autotune"]
     got = {
         "model": model,
         "rows": [row],
@@ -120,3 +122,24 @@ def test_merged_settings_say_which_backend_ran(tmp_path: Path):
     write_parts(tmp_path / "e", part("tiny-qwen3.5", fi, rows_carry=False), part("x", tri))
     with pytest.raises(SystemExit, match="rows do not say which"):
         harness.merge(tmp_path / "e")
+
+
+def test_merged_settings_say_how_triton_autotuned(tmp_path: Path):
+    """--triton-first-config parts say so; parts from before the setting
+    autotuned by timing; parts of both merge only with rows that say which."""
+    tri = harness.part_settings("triton", {"triton"}, harness.SAMPLER_TORCH)
+    assert tri["triton_autotune"] == harness.AUTOTUNE_TIMED
+    first = harness.part_settings(
+        "triton", {"triton"}, harness.SAMPLER_TORCH, harness.AUTOTUNE_FIRST
+    )
+    legacy = {k: v for k, v in tri.items() if k != "triton_autotune"}
+    write_parts(tmp_path / "a", part("tiny-qwen3.5", tri), part("qwen3.5-9b-like", legacy))
+    assert harness.merge(tmp_path / "a")["settings"]["triton_autotune"] == harness.AUTOTUNE_TIMED
+    write_parts(tmp_path / "b", part("tiny-qwen3.5", first), part("qwen3.5-9b-like", first))
+    merged = harness.merge(tmp_path / "b")["settings"]["triton_autotune"]
+    assert "VLLM_TRITON_FORCE_FIRST_CONFIG=1" in merged
+    write_parts(tmp_path / "c", part("tiny-qwen3.5", first), part("qwen3.5-9b-like", tri))
+    assert harness.merge(tmp_path / "c")["settings"]["triton_autotune"].startswith("per row: ")
+    write_parts(tmp_path / "d", part("tiny-qwen3.5", first), part("qwen3.5-9b-like", legacy, False))
+    with pytest.raises(SystemExit, match="parts ran different triton_autotune"):
+        harness.merge(tmp_path / "d")

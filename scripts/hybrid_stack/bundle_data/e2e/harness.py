@@ -111,6 +111,13 @@ GDN_BACKENDS = ("triton", "flashinfer", "auto")
 GDN_NAMES = {"triton": "FLA Triton", "flashinfer": "FlashInfer"}
 SAMPLER_TORCH = "PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0)"
 SAMPLER_FLASHINFER = "FlashInfer (VLLM_USE_FLASHINFER_SAMPLER=1)"
+# Triton autotuning: by timing (vLLM's default), once per kernel, key and
+# process, so two engines can run the same kernel in different configs (and
+# an autotuned kernel with and without all mode's checkpoints has two keys);
+# or every autotuner's first valid config (vLLM's own switch), which makes the
+# configs a function of the shapes only, for identity rows across engines.
+AUTOTUNE_TIMED = "by timing (vLLM's default)"
+AUTOTUNE_FIRST = "first valid config (VLLM_TRITON_FORCE_FIRST_CONFIG=1)"
 # Which GDN prefill backend the engines' layers ran (gdn_backends), per process.
 GDN_RAN: set[str] = set()
 # Mamba cache modes with prefix caching on; "none" is prefix caching off.
@@ -237,15 +244,27 @@ def flashinfer_version() -> str | None:
         return "unknown"
 
 
-def part_settings(requested: str, ran: set[str], sampler: str) -> dict[str, Any]:
+def part_settings(
+    requested: str, ran: set[str], sampler: str, autotune: str = AUTOTUNE_TIMED
+) -> dict[str, Any]:
     """A part's engine settings merge compares: the GDN prefill (None for a
-    model without GDN layers) and the sampler."""
+    model without GDN layers), the sampler and Triton's autotuning."""
     gdn = gdn_label(requested, ran, flashinfer_version() if "flashinfer" in ran else None)
-    return {"gdn_prefill": gdn if ran else None, "sampler": sampler}
+    return {"gdn_prefill": gdn if ran else None, "sampler": sampler, "triton_autotune": autotune}
 
 
-# What parts written before parts carried settings ran.
-LEGACY_SETTINGS = {"gdn_prefill": gdn_label("triton", ["triton"]), "sampler": SAMPLER_TORCH}
+# What parts written before parts carried a setting ran.
+LEGACY_SETTINGS = {
+    "gdn_prefill": gdn_label("triton", ["triton"]),
+    "sampler": SAMPLER_TORCH,
+    "triton_autotune": AUTOTUNE_TIMED,
+}
+
+
+def part_setting(part: dict[str, Any], key: str) -> Any:
+    """``part``'s setting ``key`` (LEGACY_SETTINGS' where the part predates it)."""
+    settings = part.get("settings", {})
+    return settings[key] if key in settings else LEGACY_SETTINGS[key]
 
 
 def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
@@ -991,11 +1010,11 @@ def merged_settings(parts: list[dict[str, Any]]) -> dict[str, str]:
     of those parts carries it (the tables then get a column), else refused."""
     out: dict[str, str] = {}
     for key in LEGACY_SETTINGS:
-        values = {p.get("settings", LEGACY_SETTINGS)[key] for p in parts} - {None}
+        values = {part_setting(p, key) for p in parts} - {None}
         if len(values) <= 1:
             out[key] = values.pop() if values else f"none ran (no model with {key})"
             continue
-        ran = [p for p in parts if p.get("settings", LEGACY_SETTINGS)[key] is not None]
+        ran = [p for p in parts if part_setting(p, key) is not None]
         if not all(key in r for p in ran for r in p["rows"]):
             raise SystemExit(
                 f"e2e: parts ran different {key} ({'; '.join(sorted(values))}) and their "
@@ -1181,6 +1200,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the FlashInfer sampler (VLLM_USE_FLASHINFER_SAMPLER=1; needs FlashInfer)",
     )
+    p.add_argument(
+        "--triton-first-config",
+        action="store_true",
+        help="every Triton autotuner runs its first valid config instead of timing them "
+        "(VLLM_TRITON_FORCE_FIRST_CONFIG=1): identity rows across engines then compare "
+        "the same kernel configs",
+    )
     p.add_argument("--merge", action="store_true", help="join the parts in --out")
     p.add_argument("--note", action="append", default=[], help="with --merge: a note to keep")
     p.add_argument("--out", type=Path, required=True)
@@ -1221,6 +1247,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(ENGINE_ENV)
     if args.flashinfer_sampler:
         os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "1"
+    if args.triton_first_config:
+        # read when vllm.triton_utils is first imported, below
+        os.environ["VLLM_TRITON_FORCE_FIRST_CONFIG"] = "1"
     # tensor-parallel workers are processes of their own: they import this
     # module (redraw_weights travels by name) and the shims
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -1243,10 +1272,12 @@ def main(argv: list[str] | None = None) -> int:
         args.gdn_prefill_backend,
         GDN_RAN,
         SAMPLER_FLASHINFER if args.flashinfer_sampler else SAMPLER_TORCH,
+        AUTOTUNE_FIRST if args.triton_first_config else AUTOTUNE_TIMED,
     )
-    if part["settings"]["gdn_prefill"] is not None:
-        for r in part["rows"]:
+    for r in part["rows"]:
+        if part["settings"]["gdn_prefill"] is not None:
             r["gdn_prefill"] = part["settings"]["gdn_prefill"]
+        r["triton_autotune"] = part["settings"]["triton_autotune"]
     part["plan"] = plan
     part["env"] = common.versions()
     part["command"] = common.command_line()
