@@ -98,6 +98,8 @@ ENV_KEYS = ("gpu", "torch", "triton", "vllm_base", "cuda")
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    # Triton autotunes by timing unless --triton-first-config (the part says which)
+    "VLLM_TRITON_FORCE_FIRST_CONFIG": "0",
     # several GPUs: never NVLink multicast (the GPU machines' rule)
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -158,7 +160,7 @@ class Engine:
     # vLLM's gdn_prefill_backend for models with GDN layers (GDN_BACKENDS)
     gdn_prefill: str = "triton"
     # The KV cache block size; None: the one vLLM derives for the model and
-    # mode (at least as large as the mamba page needs; vLLM keeps a larger one)
+    # mode (a smaller one given here is raised to it, a larger one is kept)
     block_size: int | None = None
 
     def kwargs(self) -> dict[str, Any]:
