@@ -556,20 +556,14 @@ def e2e(r: Result) -> Section:
             ]
             per_model.append(f"{', '.join(at)} ({m})")
         parts.append("whole-model prefill fused / chain " + "; ".join(per_model))
-    if ttft:
-        for key in sorted(
-            {(x["case"]["model"], x["case"]["mode"], x["case"]["mtp_k"]) for x in ttft}
-        ):
-            mine = [
-                x
-                for x in ttft
-                if (x["case"]["model"], x["case"]["mode"], x["case"]["mtp_k"]) == key
-            ]
-            at = ", ".join(
-                f"{x['value'] / x['baseline']:.2f} at {tokens_label(x['case']['prefix_tokens'])}"
-                for x in mine
-            )
-            parts.append(f"TTFT warm / cold {at} ({key[0]} {key[1]}, MTP k {key[2]})")
+    ttft_at: dict[tuple[str, str, int], list[str]] = {}
+    for x in ttft:
+        c = x["case"]
+        ttft_at.setdefault((c["model"], c["mode"], c["mtp_k"]), []).append(
+            f"{x['value'] / x['baseline']:.2f} at {tokens_label(c['prefix_tokens'])}"
+        )
+    for (model, mode, k), at in sorted(ttft_at.items()):
+        parts.append(f"TTFT warm / cold {', '.join(at)} ({model} {mode}, MTP k {k})")
     if ident:
         models = sorted({x["case"]["model"] for x in ident})
         counts = [

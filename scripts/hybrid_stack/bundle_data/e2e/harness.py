@@ -635,12 +635,13 @@ def suite_allmode(
                 if run is None:
                     continue
                 run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
+                if mode == "none":
+                    ref_block = run.block_size
                 for n in prefixes:
                     rng = random.Random(3000 + n)
                     a = prompt(rng, n + question, run.vocab)
                     b = a[:n] + prompt(rng, question, run.vocab)
                     if mode == "none":
-                        ref_block = run.block_size
                         refs[n] = (
                             run.serve([a], OUTPUT_TOKENS)[0],
                             run.serve([b], OUTPUT_TOKENS)[0],
@@ -869,9 +870,11 @@ NAMED_PLANS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "flashinfer": {m: PLANS[m] for m in ("tiny-qwen3.5", "qwen3.5-9b-like")},
 }
 # Named plans that measure a path, not only a matrix: the harness refuses
-# them without these settings, so that their result cannot silently hold
-# another path's rows.
-DEFAULT_PATH_PLANS = {"flashinfer": ("--gdn-prefill-backend auto", "--flashinfer-sampler")}
+# them without these arguments (option -> value), so that their result cannot
+# silently hold another path's rows.
+DEFAULT_PATH_PLANS = {
+    "flashinfer": {"--gdn-prefill-backend": "auto", "--flashinfer-sampler": True},
+}
 
 
 def run_model(base: Engine, plan: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -1236,10 +1239,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.part is not None:
         label = args.part
-    if args.plan in DEFAULT_PATH_PLANS and (
-        args.gdn_prefill_backend != "auto" or not args.flashinfer_sampler
-    ):
-        p.error(f"--plan {args.plan} needs {' '.join(DEFAULT_PATH_PLANS[args.plan])}")
+    needs = DEFAULT_PATH_PLANS.get(args.plan or "", {})
+    if any(getattr(args, o[2:].replace("-", "_")) != v for o, v in needs.items()):
+        wanted = (o if v is True else f"{o} {v}" for o, v in needs.items())
+        p.error(f"--plan {args.plan} needs {' '.join(wanted)}")
     wants_fi = args.gdn_prefill_backend != "triton" or args.flashinfer_sampler
     if wants_fi and flashinfer_version() is None:
         p.error(
