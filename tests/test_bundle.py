@@ -930,3 +930,31 @@ def test_walk_leaves_out_tool_caches(tmp_path: Path):
         (tmp_path / "e2e" / cache / "x").write_text("")
     got = [p.relative_to(tmp_path).as_posix() for p in bundle.walk(tmp_path)]
     assert got == ["e2e/harness.py", "e2e/models/config.json"]
+
+
+def test_runner_gives_each_worker_its_share_of_the_cores(tmp_path: Path):
+    """pytest-xdist workers get OMP_NUM_THREADS = cores // workers (at least
+    1), so the tests' CPU references do not oversubscribe the cores; a
+    caller's own OMP_NUM_THREADS is kept."""
+    run = load_runner(bundle.DATA_DIR)
+    assert run.worker_threads({}, 17, cores=16)["OMP_NUM_THREADS"] == "1"
+    assert run.worker_threads({}, 3, cores=16)["OMP_NUM_THREADS"] == "5"
+    assert run.worker_threads({"OMP_NUM_THREADS": "7"}, 4, cores=16) == {"OMP_NUM_THREADS": "7"}
+    seen = tmp_path / "seen"
+    t = tmp_path / "test_env.py"
+    t.write_text(
+        "import os, pathlib\n"
+        "def test_a():\n"
+        f"    pathlib.Path({str(seen)!r}).write_text(os.environ.get('OMP_NUM_THREADS', '-'))\n"
+        "def test_b():\n    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    assert run.have_xdist(env)
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    for workers, want in ((2, share), (1, "-")):
+        args = argparse.Namespace(
+            out=tmp_path, workers=workers, k=None, pytest_arg=[], timeout=None
+        )
+        res = run.run_tests(f"env{workers}", [str(t)], args, env)
+        assert res["rc"] == 0 and res["passed"] == 2
+        assert seen.read_text() == want

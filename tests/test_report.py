@@ -213,7 +213,7 @@ def test_report_of_a_synthetic_results_folder(tmp_path: Path):
     assert "| m | 576 | 3 | shared_doc | 0.000 | 0.900 | - |" in md  # hitrate, no fit
     assert "| mm | 16384 | 1 | 80000 | 96000 | 1.20x |" in md  # e2e prefill
     assert "| q | align | 0 | 8192 | 200 | 50 | 0.250 | 8064 / 8064 |" in md  # e2e TTFT
-    assert "| 8192 | 1 | 576 | - | 11.50M | 10.35M | 0.90x |" in md  # gdn_checkpoint
+    assert "| 8192 | 1 | 576 | - | 11.50M | 10.35M | 0.900x |" in md  # gdn_checkpoint
     assert "| 1 | x | 1 | 2 | 2 | 2 | 1 |" in md  # the generic table of "other"
     assert md.count("![") == 4 and md.count("<!-- plot sha256 ") == 4
     readme = (root / "README.md").read_text()
@@ -223,7 +223,7 @@ def test_report_of_a_synthetic_results_folder(tmp_path: Path):
         "| Mamba state copy (NVIDIA H200) | 70.3% of D2D at 1 request, 92.9% at 128 |",
         "fused 2.50-3.00x the chain from 16k tokens, 5.00x at 1k (Triton 3.6.0) |",
         "cached/ideal at 16 GiB: all 1.000, align 0.800-0.900; at 3 GiB all 1.000 |",
-        "with checkpoints 0.90x of the prefill without",
+        "with checkpoints 0.900x of the prefill without",
         "whole-model prefill fused / chain 1.20x at 16k (mm); "
         "TTFT warm / cold 0.25 at 8k (q align, MTP k 0)",
         "q (MTP k 3): prefix tokens cached for prompts sharing a prefix align 0/544, "

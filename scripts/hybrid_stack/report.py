@@ -113,6 +113,11 @@ def ratio(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}x"
 
 
+def ratio3(x: Any) -> str:
+    """A ratio to three decimals, for goals stated to the percent (0.97)."""
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}x"
+
+
 def span(values: Iterable[float], fmt: Callable[[Any], str] = ratio) -> str:
     vals = sorted(v for v in values if v is not None and not math.isnan(v))
     if not vals:
@@ -419,11 +424,11 @@ def gdn_checkpoint(r: Result) -> Section:
         [
             [str(x["case"]["tokens"]), str(x["case"]["seqs"]), str(x["case"]["block_size"])]
             + [str(x["case"].get("checkpoints", "-")), num(x["baseline"]), num(x["value"])]
-            + [ratio(x["ratio"])]
+            + [ratio3(x["ratio"])]
             for x in rows
         ],
     )
-    head = f"with checkpoints {span(x['ratio'] for x in rows)} of the prefill without"
+    head = f"with checkpoints {span((x['ratio'] for x in rows), ratio3)} of the prefill without"
     return Section(head + " (plotted with gdn_prefill)", lines)
 
 

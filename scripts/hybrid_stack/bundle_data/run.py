@@ -527,6 +527,20 @@ def parse_log(path: Path) -> dict[str, Any]:
     return {**counts, "failed_ids": failed, "skip_reasons": {}, "finished": len(last)}
 
 
+def worker_threads(env: dict[str, str], workers: int, cores: int | None = None) -> dict[str, str]:
+    """Env for ``workers`` pytest-xdist processes sharing ``cores`` CPU cores.
+
+    torch runs CPU ops on as many OpenMP threads as there are cores, so
+    several workers at that count oversubscribe the cores, and spinning
+    OpenMP threads then stall the kernel tests' CPU references (float64
+    recurrences, a few small ops per token). Each worker gets its share of
+    the cores unless the caller set OMP_NUM_THREADS."""
+    if "OMP_NUM_THREADS" in env:
+        return env
+    cores = cores or len(os.sched_getaffinity(0))
+    return dict(env, OMP_NUM_THREADS=str(max(1, cores // workers)))
+
+
 def have_xdist(env: dict[str, str]) -> bool:
     p = subprocess.run(
         [sys.executable, "-c", "import xdist"], env=env, capture_output=True, check=False
@@ -559,6 +573,7 @@ def run_tests(
     workers = 1 if label in getattr(args, "serial", ()) else args.workers
     if workers > 1 and have_xdist(env):
         cmd += ["-n", str(workers)]
+        env = worker_threads(env, workers)
     elif workers > 1:
         res["note"] = "pytest-xdist not importable: ran in one process"
     if args.k:
