@@ -47,7 +47,7 @@ class FakeRunner:
         self.spec, self.block_size, self.vocab = spec, spec.block_size or BLOCK, 1000
         self.seen: set[tuple[int, ...]] = set()
 
-    def serve(self, prompts, max_tokens):
+    def serve(self, prompts, max_tokens, prompt_logprobs=False):
         out = []
         for p in prompts:
             toks = [(sum(p) + i) % 97 for i in range(max_tokens)]
@@ -59,7 +59,14 @@ class FakeRunner:
             ms = 100.0 if max_tokens > 100 and self.spec.mode == "align" else 125.0
             if len(p) >= 16384 and max_tokens == 1:
                 ms = 1000.0 if self.spec.mode == "align" else 1030.0
-            out.append(harness.Served(toks, cached, ms))
+            lps = []
+            if prompt_logprobs:
+                # all mode computes other bits from position 640 on (a step
+                # boundary) for the 1072-token prefix
+                lps = [-(t % 13) / 7 for t in p[1:]]
+                if self.spec.mode == "all" and len(p) == 1272:
+                    lps[639:] = [x - 2**-20 for x in lps[639:]]
+            out.append(harness.Served(toks, cached, ms, lps))
         return out
 
     def reset_cache(self):
@@ -124,6 +131,27 @@ def test_allmode_reference_block_size(fake_engines):
     assert {r["reference_block_size"] for r in rows} == {576}
     assert harness.Engine("qwen3.5-9b-like", block_size=576).kwargs()["block_size"] == 576
     assert "block_size" not in harness.Engine("qwen3.5-9b-like").kwargs()
+
+
+def test_allmode_prompt_logprobs_locate_the_first_difference(fake_engines):
+    """--set prompt_logprobs=true: the cold request of each prefix returns its
+    prompt logprobs in the reference and in each mode, and the cold row says
+    from which prompt position the mode's prefill gives other bits; without
+    it no request asks for them."""
+    m = dict(harness.ALLMODE_MATRIX, ks=[3], modes=["none", "all"], prefixes=[1072, 2000])
+    rows = harness.suite_allmode(harness.Engine("qwen3.5-9b-like"), **m, failures=[])
+    assert not any("first_logprob_diff_position" in r for r in rows)
+    rows = harness.suite_allmode(
+        harness.Engine("qwen3.5-9b-like"), **dict(m, prompt_logprobs=True), failures=[]
+    )
+    cold = {r["prefix_tokens"]: r for r in rows if r["case"]["scenario"] == "cold"}
+    assert cold[1072]["first_logprob_diff_position"] == 640
+    assert cold[1072]["max_abs_logprob_diff"] == 2**-20
+    assert cold[2000]["first_logprob_diff_position"] == -1
+    assert cold[2000]["max_abs_logprob_diff"] == 0.0
+    assert [r for r in rows if "max_abs_logprob_diff" in r] == list(cold.values())
+    assert harness._logprob_diffs(cold[1072]).endswith("(from position 640)")
+    assert "from position" not in harness._logprob_diffs(cold[2000])
 
 
 def test_allmode_timed_rows(fake_engines):
@@ -268,9 +296,9 @@ class SplitRunner(FakeRunner):
         self.calls.append("reset")
         super().reset_cache()
 
-    def serve(self, prompts, max_tokens):
+    def serve(self, prompts, max_tokens, prompt_logprobs=False):
         self.calls.append("serve")
-        out = super().serve(prompts, max_tokens)
+        out = super().serve(prompts, max_tokens, prompt_logprobs)
         for s in out:
             if self.spec.mode != "none":
                 s.tokens[3] += 1

@@ -113,13 +113,19 @@ GDN_BACKENDS = ("triton", "flashinfer", "auto")
 GDN_NAMES = {"triton": "FLA Triton", "flashinfer": "FlashInfer"}
 SAMPLER_TORCH = "PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0)"
 SAMPLER_FLASHINFER = "FlashInfer (VLLM_USE_FLASHINFER_SAMPLER=1)"
-# Triton autotuning: by timing (vLLM's default), once per kernel, key and
-# process, so two engines can run the same kernel in different configs (and
-# an autotuned kernel with and without all mode's checkpoints has two keys);
-# or every autotuner's first valid config (vLLM's own switch), which makes the
-# configs a function of the shapes only, for identity rows across engines.
+# Triton autotuning: by timing (vLLM's and Inductor's default), once per
+# kernel, key and process, so two engines can run the same kernel in
+# different configs (an autotuned kernel with and without all mode's
+# checkpoints has two keys; Inductor times its reduction kernels' block sizes
+# and warps, which set the summation order, in each engine's compile); or
+# configs that are a function of the shapes only, for identity rows across
+# engines: every vLLM autotuner's first valid config (vLLM's own switch) and
+# Inductor's deterministic mode (no on-device benchmarking).
 AUTOTUNE_TIMED = "by timing (vLLM's default)"
-AUTOTUNE_FIRST = "first valid config (VLLM_TRITON_FORCE_FIRST_CONFIG=1)"
+AUTOTUNE_FIRST = (
+    "first valid config (VLLM_TRITON_FORCE_FIRST_CONFIG=1), Inductor without "
+    "benchmarking (TORCHINDUCTOR_DETERMINISTIC=1)"
+)
 # Which GDN prefill backend the engines' layers ran (gdn_backends), per process.
 GDN_RAN: set[str] = set()
 # Mamba cache modes with prefix caching on; "none" is prefix caching off.
@@ -494,22 +500,25 @@ def cache_rows(
     b: list[int],
     refs: tuple[Served, Served],
     shared: int,
+    prompt_logprobs: bool = False,
 ) -> list[dict[str, Any]]:
     """Serve ``a`` cold, ``a`` again and ``b`` (sharing a prefix of ``a``) on an
     engine whose cache holds nothing of them, then ``b`` cold (cache reset),
     twice: the rows of `identity_row` for the scenarios against the
     reference's ``refs`` = (a, b) and of ``VS_COLD``; ``b`` shares the first
-    ``shared`` tokens of ``a``."""
+    ``shared`` tokens of ``a``. With ``prompt_logprobs`` the cold ``a`` also
+    returns its prompt logprobs, compared with the reference's (`logprob_diff`)."""
     bs = run.block_size
     # cached tokens were every block kept (a request's last token is computed)
     ideal = ((len(a) - 1) // bs * bs, shared // bs * bs)
-    cold, warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, a, b))
+    cold = run.serve([a], OUTPUT_TOKENS, prompt_logprobs=prompt_logprobs)[0]
+    warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, b))
     cold_b = []
     for _ in range(2):
         run.reset_cache()
         cold_b.append(run.serve([b], OUTPUT_TOKENS)[0])
     ref_a, ref_b = refs
-    return [
+    rows = [
         identity_row(spec, "cold", cold, ref_a, 0, bs),
         identity_row(spec, "same-twice", warm, ref_a, ideal[0], bs),
         identity_row(spec, "shared-prefix", part, ref_b, ideal[1], bs),
@@ -517,6 +526,24 @@ def cache_rows(
         identity_row(spec, VS_COLD[1], part, cold_b[0], ideal[1], bs),
         identity_row(spec, VS_COLD[2], cold_b[1], cold_b[0], 0, bs),
     ]
+    if cold.logprobs and ref_a.logprobs:
+        rows[0].update(logprob_diff(cold.logprobs, ref_a.logprobs))
+    return rows
+
+
+def logprob_diff(got: list[float], ref: list[float]) -> dict[str, Any]:
+    """Prompt logprobs (of prompt positions 1, 2, ...) against the reference's:
+    max / mean absolute difference, and the first position whose logprob is
+    not bit-identical (-1: none), which tells where two engines' prefills
+    start to compute differently (a step boundary, a block boundary, the
+    first token)."""
+    diffs = [abs(x - y) for x, y in zip(got, ref)]
+    first = next((i + 1 for i, (x, y) in enumerate(zip(got, ref)) if x != y), -1)
+    return dict(
+        max_abs_logprob_diff=max(diffs),
+        mean_abs_logprob_diff=statistics.fmean(diffs),
+        first_logprob_diff_position=first,
+    )
 
 
 def suite_identity(
@@ -594,6 +621,7 @@ def suite_allmode(
     chunk: int | None,
     failures: list,
     ref_block_size: int | None = None,
+    prompt_logprobs: bool = False,
 ) -> list[dict[str, Any]]:
     """The all-mode identity matrix: per MTP k, one engine per mode (``none``,
     prefix caching off, first: the reference). For each prefix length, a
@@ -617,7 +645,12 @@ def suite_allmode(
     own, which for a hybrid model depends on the mode: all mode aligns its
     blocks to the GDN chunk, so the two engines can differ); set it to all
     mode's block size to compare a cold all-mode request with a reference
-    that differs from it in nothing but the cache."""
+    that differs from it in nothing but the cache.
+
+    ``prompt_logprobs``: the cold request of each prefix (reference and
+    modes) also returns its prompt logprobs; the cold row then says from which
+    prompt position the mode's prefill computes other bits than the
+    reference's (`logprob_diff`)."""
     assert modes[0] == "none", "the reference engine comes first"
     rows: list[dict[str, Any]] = []
     longest = max(prefixes) + question + OUTPUT_TOKENS + 64
@@ -643,13 +676,13 @@ def suite_allmode(
                     b = a[:n] + prompt(rng, question, run.vocab)
                     if mode == "none":
                         refs[n] = (
-                            run.serve([a], OUTPUT_TOKENS)[0],
+                            run.serve([a], OUTPUT_TOKENS, prompt_logprobs=prompt_logprobs)[0],
                             run.serve([b], OUTPUT_TOKENS)[0],
                         )
                         continue
                     if n not in refs:
                         continue  # the reference engine failed
-                    got = cache_rows(run, spec, a, b, refs[n], n)
+                    got = cache_rows(run, spec, a, b, refs[n], n, prompt_logprobs)
                     acc = run.counters()
                     for r in got:
                         r["prompt_tokens"] = n + question
@@ -852,6 +885,7 @@ ALLMODE_MATRIX = {
     "question": 200,
     "chunk": 64,
     "ref_block_size": None,
+    "prompt_logprobs": False,
 }
 ALLMODE_TIMED = {
     "ks": [0, 3],
@@ -1132,7 +1166,9 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
 def _logprob_diffs(r: dict[str, Any]) -> str | None:
     if "max_abs_logprob_diff" not in r:
         return None
-    return f"{r['max_abs_logprob_diff']:.3g} / {r['mean_abs_logprob_diff']:.3g}"
+    text = f"{r['max_abs_logprob_diff']:.3g} / {r['mean_abs_logprob_diff']:.3g}"
+    first = r.get("first_logprob_diff_position")
+    return text if first is None or first < 0 else f"{text} (from position {first})"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -1208,9 +1244,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--triton-first-config",
         action="store_true",
-        help="every Triton autotuner runs its first valid config instead of timing them "
-        "(VLLM_TRITON_FORCE_FIRST_CONFIG=1): identity rows across engines then compare "
-        "the same kernel configs",
+        help="every vLLM Triton autotuner runs its first valid config instead of timing "
+        "them (VLLM_TRITON_FORCE_FIRST_CONFIG=1) and Inductor picks its kernels' configs "
+        "without benchmarking (TORCHINDUCTOR_DETERMINISTIC=1): identity rows across "
+        "engines then compare the same kernel configs",
     )
     p.add_argument("--merge", action="store_true", help="join the parts in --out")
     p.add_argument("--note", action="append", default=[], help="with --merge: a note to keep")
@@ -1253,8 +1290,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.flashinfer_sampler:
         os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "1"
     if args.triton_first_config:
-        # read when vllm.triton_utils is first imported, below
+        # read when vllm.triton_utils and torch._inductor are first imported
         os.environ["VLLM_TRITON_FORCE_FIRST_CONFIG"] = "1"
+        os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
     # tensor-parallel workers are processes of their own: they import this
     # module (redraw_weights travels by name) and the shims
     os.environ["PYTHONPATH"] = os.pathsep.join(
