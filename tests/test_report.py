@@ -269,6 +269,32 @@ def test_plot_specs_say_what_the_issue_asks():
         assert spec["title"] and all(p["xlabel"] and p["ylabel"] for p in spec["panels"])
 
 
+def test_gdn_checkpoint_state_dtype_is_a_column_and_a_series():
+    data = synthetic()
+    ckpt = data["gdn_checkpoint-h200.json"]
+    (fp32,) = ckpt["rows"]
+    bf16 = json.loads(json.dumps(fp32))
+    fp32["case"]["state_dtype"] = "fp32"
+    bf16["case"]["state_dtype"] = "bf16"
+    bf16["value"] = 11.0e6
+    ckpt["rows"].append(bf16)
+    secs = dict(
+        (r.bench, s)
+        for r, s in report.sections(
+            [report.Result(Path("results") / k, v) for k, v in data.items()]
+        )
+    )
+    md = "\n".join(secs["gdn_checkpoint"].lines)
+    assert "| tokens | seqs | block size | state | checkpoints |" in md
+    assert "| 8192 | 1 | 576 | fp32 | - | 11.50M | 10.35M | 0.90x |" in md
+    assert "| 8192 | 1 | 576 | bf16 | - |" in md
+    (gdn,) = secs["gdn_prefill"].plots
+    assert [(s["label"], s["y"]) for s in gdn["panels"][0]["series"][1:]] == [
+        ("with checkpoints, block 576 (gdn_checkpoint)", [10.35]),
+        ("with checkpoints, block 576, bf16 state (gdn_checkpoint)", [11.0]),
+    ]
+
+
 def test_ssd_prefill_keeps_an_earlier_tritons_ratio_as_a_column():
     data = synthetic()["ssd_prefill-h200.json"]
     data["rows"][0]["ratio_triton_3_6"] = 4.5  # kept from the Triton 3.6 table

@@ -384,15 +384,22 @@ def gdn_prefill(r: Result, checkpoints: Result | None = None) -> Section:
     cats = [_gdn_case(x) for x in rows]
     series = [{"label": "without checkpoints (gdn_prefill)", "y": [x["value"] / 1e6 for x in rows]}]
     if checkpoints is not None:
-        for i, b in enumerate(sorted({x["case"]["block_size"] for x in checkpoints.rows})):
+        # one series per block size and state cache dtype (rows without
+        # state_dtype predate it: an fp32 cache), fp32 first
+        keys = sorted(
+            {(x["case"]["block_size"], _state_dtype(x)) for x in checkpoints.rows},
+            key=lambda k: (k[0], k[1] != "fp32", k[1]),
+        )
+        for i, (b, dt) in enumerate(keys):
             by_case = {
                 _gdn_case(x): x["value"] / 1e6
                 for x in checkpoints.rows
-                if x["case"]["block_size"] == b
+                if (x["case"]["block_size"], _state_dtype(x)) == (b, dt)
             }
+            state = "" if dt == "fp32" else f", {dt} state"
             series.append(
                 {
-                    "label": f"with checkpoints, block {b} ({checkpoints.bench})",
+                    "label": f"with checkpoints, block {b}{state} ({checkpoints.bench})",
                     "y": [by_case.get(c) for c in cats],
                     "color": i + 1,
                 }
@@ -417,12 +424,23 @@ def gdn_prefill(r: Result, checkpoints: Result | None = None) -> Section:
     return Section(head, lines, [spec])
 
 
+def _state_dtype(row: dict[str, Any]) -> str:
+    """A gdn_checkpoint row's state cache dtype (fp32 where the row predates
+    the field)."""
+    return str(row["case"].get("state_dtype", "fp32"))
+
+
 def gdn_checkpoint(r: Result) -> Section:
     rows = r.rows
+    # the state cache dtype column only where the rows say it
+    dtypes = any("state_dtype" in x["case"] for x in rows)
     lines = table(
-        ["tokens", "seqs", "block size", "checkpoints", "without tok/s", "with tok/s", "ratio"],
+        ["tokens", "seqs", "block size"]
+        + (["state"] if dtypes else [])
+        + ["checkpoints", "without tok/s", "with tok/s", "ratio"],
         [
             [str(x["case"]["tokens"]), str(x["case"]["seqs"]), str(x["case"]["block_size"])]
+            + ([_state_dtype(x)] if dtypes else [])
             + [str(x["case"].get("checkpoints", "-")), num(x["baseline"]), num(x["value"])]
             + [ratio3(x["ratio"])]
             for x in rows

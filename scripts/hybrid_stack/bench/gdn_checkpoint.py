@@ -7,8 +7,11 @@ the state at every block boundary inside a prefill into that block's state
 slot, in the same pass (``checkpoints=ChunkStateCheckpoints(...)``). Baseline:
 the same call without checkpoints (the kernel compiles to its 0.33.0 form);
 value: with checkpoints, every sequence starting at position 0, one
-block-table row of distinct slots per sequence, an fp32 state cache
-``[slots, 32, 128, 128]``. Called as ``QwenGatedDeltaNet`` calls it for
+block-table row of distinct slots per sequence, a state cache
+``[slots, 32, 128, 128]`` in fp32 and in bf16 (case field ``state_dtype``:
+vLLM's default ``mamba_ssm_cache_dtype="auto"`` gives a bf16 GDN state for a
+bf16 model, so bf16 is what users get by default; fp32 is the explicit
+``mamba_ssm_cache_dtype="float32"``). Called as ``QwenGatedDeltaNet`` calls it for
 prefills (varlen, precomputed chunk indices / offsets, initial states, final
 states, q/k already normalised). Dims: 16 q/k heads, 32 v heads, head dim 128
 (Qwen3.5-9B-like / Qwen3-Next), bf16 q/k/v, fp32 gates, bf16 beta; block sizes
@@ -39,6 +42,8 @@ BENCH = "gdn_checkpoint"
 QK_HEADS, V_HEADS, HEAD_DIM = gdn_prefill.QK_HEADS, gdn_prefill.V_HEADS, gdn_prefill.HEAD_DIM
 CASES = ((1, 8192), (1, 32768), (4, 8192), (1, 131072))  # (sequences, tokens each)
 BLOCK_SIZES = (576, 2304)
+# the state cache's dtype: case field state_dtype -> torch dtype name
+STATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 DEVICE = "cuda"
 
 
@@ -51,16 +56,24 @@ class Inputs(gdn_prefill.Inputs):
         return super().run(fn, **extra)
 
 
-def make_checkpoints(seqs: int, seqlen: int, block_size: int) -> tuple[Any, list[int]]:
-    """State cache (NaN-filled) and block table for ``seqs`` prefills from
-    position 0; returns them and the slots the boundaries must fill."""
+def make_checkpoints(
+    seqs: int, seqlen: int, block_size: int, state_dtype: str = "fp32"
+) -> tuple[Any, list[int]]:
+    """State cache (NaN-filled, ``state_dtype`` a key of STATE_DTYPES) and
+    block table for ``seqs`` prefills from position 0; returns them and the
+    slots the boundaries must fill."""
     import torch
     from vllm.third_party.flash_linear_attention.ops import ChunkStateCheckpoints
 
     blocks = math.ceil(seqlen / block_size)
     slots = 1 + torch.arange(seqs * blocks, dtype=torch.int32, device=DEVICE)
     table = slots.view(seqs, blocks)
-    states = torch.full((1 + seqs * blocks, V_HEADS, HEAD_DIM, HEAD_DIM), math.nan, device=DEVICE)
+    states = torch.full(
+        (1 + seqs * blocks, V_HEADS, HEAD_DIM, HEAD_DIM),
+        math.nan,
+        device=DEVICE,
+        dtype=getattr(torch, STATE_DTYPES[state_dtype]),
+    )
     num_computed = torch.zeros(seqs, dtype=torch.int32, device=DEVICE)
     boundaries = (seqlen - 1) // block_size  # block boundaries strictly inside
     expected = [int(table[n, b]) for n in range(seqs) for b in range(boundaries)]
@@ -90,7 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         default=BLOCK_SIZES,
         help="comma-separated mamba block sizes (multiples of 64)",
     )
+    parser.add_argument(
+        "--state-dtypes",
+        type=lambda s: tuple(s.split(",")),
+        default=tuple(STATE_DTYPES),
+        help=f"comma-separated state cache dtypes, of {', '.join(STATE_DTYPES)}",
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.state_dtypes) - set(STATE_DTYPES))
+    if unknown:
+        parser.error(f"unknown state dtype(s) {', '.join(unknown)} (of {', '.join(STATE_DTYPES)})")
     import torch
     from vllm.third_party.flash_linear_attention.ops import chunk_gated_delta_rule
 
@@ -104,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     cases = CASES[:1] if args.quick else CASES
     for seqs, seqlen in cases:
         sets = [Inputs(seqs, seqlen, gen) for _ in range(2)]
-        for block_size in args.block_sizes:
-            label = f"{seqs}x{seqlen} block {block_size}"
-            ckpt, expected = make_checkpoints(seqs, seqlen, block_size)
+        for block_size, state_dtype in [
+            (b, d) for b in args.block_sizes for d in args.state_dtypes
+        ]:
+            label = f"{seqs}x{seqlen} block {block_size} {state_dtype} state"
+            ckpt, expected = make_checkpoints(seqs, seqlen, block_size, state_dtype)
             check(sets[0], fn, ckpt, expected, label)
             base_ms, value_ms = timer.paired_median_ms(
                 [
@@ -131,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                         "seqs": seqs,
                         "seqlen": seqlen,
                         "block_size": block_size,
+                        "state_dtype": state_dtype,
                         "checkpoints": len(expected),
                     },
                     "tok_per_s",
@@ -161,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             "dims": f"{QK_HEADS} q/k heads, {V_HEADS} v heads, head dim {HEAD_DIM}",
             "baseline": "chunk_gated_delta_rule without checkpoints",
             "value": "the same call writing the state at every block boundary into "
-            "an fp32 state cache (prefills from position 0)",
+            "a state cache of the case's state_dtype (fp32 or bf16; prefills from "
+            "position 0)",
         },
     )
     common.finish(result, args)
