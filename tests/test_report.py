@@ -286,7 +286,7 @@ def test_gdn_checkpoint_state_dtype_is_a_column_and_a_series():
     )
     md = "\n".join(secs["gdn_checkpoint"].lines)
     assert "| tokens | seqs | block size | state | checkpoints |" in md
-    assert "| 8192 | 1 | 576 | fp32 | - | 11.50M | 10.35M | 0.90x |" in md
+    assert "| 8192 | 1 | 576 | fp32 | - | 11.50M | 10.35M | 0.900x |" in md
     assert "| 8192 | 1 | 576 | bf16 | - |" in md
     (gdn,) = secs["gdn_prefill"].plots
     assert [(s["label"], s["y"]) for s in gdn["panels"][0]["series"][1:]] == [
