@@ -9,9 +9,9 @@ the same call without checkpoints (the kernel compiles to its 0.33.0 form);
 value: with checkpoints, every sequence starting at position 0, one
 block-table row of distinct slots per sequence, a state cache
 ``[slots, 32, 128, 128]`` in fp32 and in bf16 (case field ``state_dtype``:
-vLLM's default ``mamba_ssm_cache_dtype="auto"`` gives a bf16 GDN state for a
-bf16 model, so bf16 is what users get by default; fp32 is the explicit
-``mamba_ssm_cache_dtype="float32"``). Called as ``QwenGatedDeltaNet`` calls it for
+vLLM's ``mamba_ssm_cache_dtype="auto"`` gives a bf16 model a bf16 GDN state
+unless its config asks for another, as Qwen3.5's ``mamba_ssm_dtype`` asks for
+fp32). Called as ``QwenGatedDeltaNet`` calls it for
 prefills (varlen, precomputed chunk indices / offsets, initial states, final
 states, q/k already normalised). Dims: 16 q/k heads, 32 v heads, head dim 128
 (Qwen3.5-9B-like / Qwen3-Next), bf16 q/k/v, fp32 gates, bf16 beta; block sizes
