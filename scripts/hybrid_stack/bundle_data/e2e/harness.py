@@ -536,12 +536,12 @@ def logprob_diff(got: list[float], ref: list[float]) -> dict[str, Any]:
     max / mean absolute difference, and the first position whose logprob is
     not bit-identical (-1: none), which tells where two engines' prefills
     start to compute differently (a step boundary, a block boundary, the
-    first token)."""
+    first token). NaN differences where either side has none."""
     diffs = [abs(x - y) for x, y in zip(got, ref)]
     first = next((i + 1 for i, (x, y) in enumerate(zip(got, ref)) if x != y), -1)
     return dict(
-        max_abs_logprob_diff=max(diffs),
-        mean_abs_logprob_diff=statistics.fmean(diffs),
+        max_abs_logprob_diff=max(diffs) if diffs else math.nan,
+        mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
         first_logprob_diff_position=first,
     )
 
@@ -833,7 +833,7 @@ def suite_prefill(
 
 def logprob_row(model: str, scenario: str, got: Served, ref: Served) -> dict[str, Any]:
     """Greedy tokens and prompt logprobs of ``got`` against ``ref``."""
-    diffs = [abs(x - y) for x, y in zip(got.logprobs, ref.logprobs)]
+    diff = logprob_diff(got.logprobs, ref.logprobs)
     return common.make_row(
         {"model": model, "mode": "none", "mtp_k": 0, "scenario": scenario},
         "identical",
@@ -843,8 +843,8 @@ def logprob_row(model: str, scenario: str, got: Served, ref: Served) -> dict[str
         got.ms,
         first_divergence=first_divergence(got.tokens, ref.tokens),
         prompt_tokens=CHECK_TOKENS,
-        max_abs_logprob_diff=max(diffs) if diffs else math.nan,
-        mean_abs_logprob_diff=statistics.fmean(diffs) if diffs else math.nan,
+        max_abs_logprob_diff=diff["max_abs_logprob_diff"],
+        mean_abs_logprob_diff=diff["mean_abs_logprob_diff"],
     )
 
 
