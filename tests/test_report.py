@@ -277,6 +277,7 @@ def test_gdn_checkpoint_state_dtype_is_a_column_and_a_series():
     fp32["case"]["state_dtype"] = "fp32"
     bf16["case"]["state_dtype"] = "bf16"
     bf16["value"] = 11.0e6
+    bf16["ratio"] = bf16["value"] / bf16["baseline"]
     ckpt["rows"].append(bf16)
     secs = dict(
         (r.bench, s)
@@ -288,6 +289,10 @@ def test_gdn_checkpoint_state_dtype_is_a_column_and_a_series():
     assert "| tokens | seqs | block size | state | checkpoints |" in md
     assert "| 8192 | 1 | 576 | fp32 | - | 11.50M | 10.35M | 0.900x |" in md
     assert "| 8192 | 1 | 576 | bf16 | - |" in md
+    assert secs["gdn_checkpoint"].headline == (
+        "with checkpoints (fp32 state 0.900x, bf16 state 0.957x) of the prefill"
+        " without (plotted with gdn_prefill)"
+    )
     (gdn,) = secs["gdn_prefill"].plots
     assert [(s["label"], s["y"]) for s in gdn["panels"][0]["series"][1:]] == [
         ("with checkpoints, block 576 (gdn_checkpoint)", [10.35]),

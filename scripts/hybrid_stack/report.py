@@ -446,7 +446,16 @@ def gdn_checkpoint(r: Result) -> Section:
             for x in rows
         ],
     )
-    head = f"with checkpoints {span((x['ratio'] for x in rows), ratio3)} of the prefill without"
+    if dtypes:
+        # One span per state cache dtype: their costs differ (the bf16 cache
+        # converts the state on the way).
+        by_dtype: dict[str, list[float]] = {}
+        for x in rows:
+            by_dtype.setdefault(_state_dtype(x), []).append(x["ratio"])
+        spans = ", ".join(f"{d} state {span(v, ratio3)}" for d, v in by_dtype.items())
+        head = f"with checkpoints ({spans}) of the prefill without"
+    else:
+        head = f"with checkpoints {span((x['ratio'] for x in rows), ratio3)} of the prefill without"
     return Section(head + " (plotted with gdn_prefill)", lines)
 
 
