@@ -416,7 +416,7 @@ def _causal_conv1d_fn_ref(
     return out
 
 
-def _run_core(layer, md, mixed_qkv, b, a, conv_update_calls=None):
+def _run_core(layer, md, mixed_qkv, b, a, conv_update_calls=None, clone=True):
     import contextlib
     import types
     from unittest.mock import patch
@@ -444,7 +444,10 @@ def _run_core(layer, md, mixed_qkv, b, a, conv_update_calls=None):
         for p in patches:
             stack.enter_context(p)
         layer._forward_core(
-            mixed_qkv=mixed_qkv.clone(), b=b.clone(), a=a.clone(), core_attn_out=out
+            mixed_qkv=mixed_qkv.clone() if clone else mixed_qkv,
+            b=b.clone(),
+            a=a.clone(),
+            core_attn_out=out,
         )
     return out
 
@@ -607,3 +610,49 @@ def test_layer_core_spec_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     written = torch.cat((spec.flatten(), write))
     torch.testing.assert_close(kv[1][written], ref_kv[1][written])
     torch.testing.assert_close(kv[0][write], ref_kv[0][write])
+
+
+def test_layer_core_single_prefill_windows_at_every_boundary(monkeypatch) -> None:
+    """The usual step of a long prompt: one prefill with several block
+    boundaries inside it. The conv window ending at each boundary lands in
+    that boundary's block slot. The exporter reads one sequence start per
+    checkpoint row; the runner's ``query_start_loc`` is a view of a
+    persistent buffer whose entries past the batch hold other values, and
+    the step's projection a view of a larger buffer, as in the engine."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    builder = _builder(0, monkeypatch)
+    n = 3 * BLOCK + 8  # from position 0: boundaries at 64, 128 and 192
+    common, table = _common([n], [n])
+    qsl = torch.full((8,), 5, dtype=torch.int32)
+    qsl[:2] = common.query_start_loc
+    common = common.replace(query_start_loc=qsl[:2])
+    md = builder.build(0, common)
+    assert md.num_decodes == 0 and md.num_prefills == 1
+
+    g = torch.Generator().manual_seed(2)
+    conv_dim = 2 * _H * _K + _HV * _V
+    num_slots = int(table.max()) + 1
+    conv_shape = (
+        (num_slots, conv_dim, _WIDTH - 1)
+        if is_conv_state_dim_first()
+        else (num_slots, _WIDTH - 1, conv_dim)
+    )
+    kv = (
+        torch.randn(conv_shape, generator=g).bfloat16(),
+        torch.randn(num_slots, _HV, _V, _K, generator=g) * 0.1,
+    )
+    projection = torch.randn(2 * n, conv_dim + 8, generator=g).bfloat16()
+    mixed_qkv = projection[:n, :conv_dim]
+    b = torch.randn(n, _HV, generator=g).bfloat16()
+    a = torch.randn(n, _HV, generator=g).bfloat16()
+    layer = _core_layer(builder.vllm_config, kv)
+    _run_core(layer, md, mixed_qkv, b, a, clone=False)
+
+    conv = kv[0] if is_conv_state_dim_first() else kv[0].transpose(-1, -2)
+    for p in (64, 128, 192):
+        torch.testing.assert_close(
+            conv[int(table[0, p // BLOCK - 1])],
+            mixed_qkv[p - (_WIDTH - 1) : p].T,
+            msg=f"conv window at the boundary {p}",
+        )
