@@ -452,6 +452,16 @@ def _run_core(layer, md, mixed_qkv, b, a, conv_update_calls=None, clone=True):
     return out
 
 
+def _conv_cache_shape(num_slots: int, conv_dim: int, extra: int = 0):
+    """The conv state cache in the layout the layer is built for, with
+    ``extra`` columns past the window (a speculative decode's room)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    if is_conv_state_dim_first():
+        return (num_slots, conv_dim, _WIDTH - 1 + extra)
+    return (num_slots, _WIDTH - 1 + extra, conv_dim)
+
+
 def test_layer_core_mixed_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     """A batch of decodes crossing a block boundary and a prefill (the decodes
     peeled off to the recurrent update, the prefill through the chunk kernel
@@ -472,11 +482,7 @@ def test_layer_core_mixed_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     g = torch.Generator().manual_seed(0)
     conv_dim = 2 * _H * _K + _HV * _V
     num_slots = int(table.max()) + 1
-    conv_shape = (
-        (num_slots, conv_dim, _WIDTH - 1)
-        if is_conv_state_dim_first()
-        else (num_slots, _WIDTH - 1, conv_dim)
-    )
+    conv_shape = _conv_cache_shape(num_slots, conv_dim)
     conv0 = torch.randn(conv_shape, generator=g).bfloat16()
     ssm0 = torch.randn(num_slots, _HV, _V, _K, generator=g) * 0.1
     n = sum(query_lens)
@@ -534,8 +540,6 @@ def test_layer_core_spec_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     conv anchor at the accepted offset; as in the single-anchor form."""
     import dataclasses
 
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
     k = 2
     builder = _builder(k, monkeypatch)
     seq_lens, query_lens = [130, 70, 64 + 128], [3, 3, 128]
@@ -553,11 +557,7 @@ def test_layer_core_spec_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     g = torch.Generator().manual_seed(0)
     conv_dim = 2 * _H * _K + _HV * _V
     num_slots = int(table.max()) + 1
-    conv_shape = (
-        (num_slots, conv_dim, _WIDTH - 1 + k)
-        if is_conv_state_dim_first()
-        else (num_slots, _WIDTH - 1 + k, conv_dim)
-    )
+    conv_shape = _conv_cache_shape(num_slots, conv_dim, k)
     conv0 = torch.randn(conv_shape, generator=g).bfloat16()
     ssm0 = torch.randn(num_slots, _HV, _V, _K, generator=g) * 0.1
     n = sum(query_lens)
@@ -633,11 +633,7 @@ def test_layer_core_single_prefill_windows_at_every_boundary(monkeypatch) -> Non
     g = torch.Generator().manual_seed(2)
     conv_dim = 2 * _H * _K + _HV * _V
     num_slots = int(table.max()) + 1
-    conv_shape = (
-        (num_slots, conv_dim, _WIDTH - 1)
-        if is_conv_state_dim_first()
-        else (num_slots, _WIDTH - 1, conv_dim)
-    )
+    conv_shape = _conv_cache_shape(num_slots, conv_dim)
     kv = (
         torch.randn(conv_shape, generator=g).bfloat16(),
         torch.randn(num_slots, _HV, _V, _K, generator=g) * 0.1,
