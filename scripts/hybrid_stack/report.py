@@ -109,13 +109,13 @@ def num(x: Any) -> str:
     return f"{x:.2f}" if a >= 1 else f"{x:.3f}"
 
 
-def ratio(x: Any) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}x"
+def ratio(x: Any, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}x"
 
 
 def ratio3(x: Any) -> str:
     """A ratio to three decimals, for goals stated to the percent (0.97)."""
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}x"
+    return ratio(x, 3)
 
 
 def span(values: Iterable[float], fmt: Callable[[Any], str] = ratio) -> str:

@@ -29,6 +29,7 @@ boundary slots were written.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from typing import Any
 
@@ -126,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = CASES[:1] if args.quick else CASES
     for seqs, seqlen in cases:
         sets = [Inputs(seqs, seqlen, gen) for _ in range(2)]
-        for block_size, state_dtype in [
-            (b, d) for b in args.block_sizes for d in args.state_dtypes
-        ]:
+        for block_size, state_dtype in itertools.product(args.block_sizes, args.state_dtypes):
             label = f"{seqs}x{seqlen} block {block_size} {state_dtype} state"
             ckpt, expected = make_checkpoints(seqs, seqlen, block_size, state_dtype)
             check(sets[0], fn, ckpt, expected, label)
