@@ -6,8 +6,11 @@ the result it merges into (``e2e-allmode-<gpu>.json``)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import types
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -131,6 +134,23 @@ def test_allmode_reference_block_size(fake_engines):
     assert {r["reference_block_size"] for r in rows} == {576}
     assert harness.Engine("qwen3.5-9b-like", block_size=576).kwargs()["block_size"] == 576
     assert "block_size" not in harness.Engine("qwen3.5-9b-like").kwargs()
+
+
+def test_allmode_second_reference_engine_is_judged(fake_engines):
+    """modes none, none: the second engine of the reference's configuration is
+    judged against the first (what the reference reproduces across engines),
+    with the reference's block size and step budget."""
+    m = dict(harness.ALLMODE_MATRIX, ks=[0], modes=["none", "none"], prefixes=[1072])
+    rows = harness.suite_allmode(
+        harness.Engine("qwen3.5-9b-like"), **dict(m, ref_block_size=576), failures=[]
+    )
+    assert [(s.mode, s.block_size, s.max_num_batched_tokens) for s in fake_engines] == [
+        ("none", 576, 64),
+        ("none", 576, 64),
+    ]
+    assert len(rows) == len(harness.VS_COLD) + 3
+    assert {(r["case"]["mode"], r["value"]) for r in rows} == {("none", 1.0)}
+    assert {r["cached_tokens"] for r in rows if r["case"]["scenario"] == "cold"} == {0}
 
 
 def test_allmode_prompt_logprobs_locate_the_first_difference(fake_engines):
@@ -349,3 +369,30 @@ def test_identity_rows_separate_split_arithmetic_from_cache_hits(monkeypatch, co
     assert by["repeat-vs-cold"]["value"] == (0.0 if history else 1.0)
     # the cache was reset before each cold run of the shared-prefix prompt
     assert runners[-1].calls == ["serve"] * 3 + ["reset", "serve"] * 2
+
+
+def test_first_config_makes_every_engine_compile_deterministically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """--triton-first-config puts Inductor's deterministic mode into every
+    engine's own compile config (the environment variable reaches only the
+    first engine of a process); eager engines and the default leave it out."""
+    for key in [*harness.ENGINE_ENV, "TORCHINDUCTOR_DETERMINISTIC", "PYTHONPATH"]:
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+    monkeypatch.setitem(sys.modules, "compiled_ops", types.SimpleNamespace(plugin=lambda: None))
+    bases = []
+
+    def run_model(base, plan):
+        bases.append(base)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(harness, "run_model", run_model)
+    for extra in ([], ["--triton-first-config"]):
+        with pytest.raises(SystemExit):
+            harness.main(["--model", "tiny-qwen3.5", "--out", str(tmp_path), *extra])
+    assert [b.deterministic_compile for b in bases] == [False, True]
+    cfg = bases[1].kwargs()["compilation_config"]
+    assert cfg == {"inductor_compile_config": {"deterministic": True}}
+    assert "compilation_config" not in bases[0].kwargs()
+    eager = replace(bases[1], eager=True).kwargs()["compilation_config"]
+    assert "inductor_compile_config" not in eager

@@ -123,6 +123,18 @@ def synthetic() -> dict[str, dict]:
                 )
             ]
             + [
+                timed(
+                    {"model": "q", "mode": mode, "mtp_k": 3, "prefix_tokens": 32768},
+                    "ttft_ms",
+                    1000,
+                    warm,
+                    cached_tokens=32256,
+                    ideal_cached_tokens=32256,
+                    block_size=576,
+                )
+                for mode, warm in (("align", 30), ("all", 50))
+            ]
+            + [
                 timed({"model": "q", "mtp_k": 3, "decode_tokens": 256}, "decode_tok_per_s", 100, 99)
             ],
         ),
@@ -229,7 +241,7 @@ def test_report_of_a_synthetic_results_folder(tmp_path: Path):
         "q (MTP k 3): prefix tokens cached for prompts sharing a prefix align 0/544, "
         "all 576/576; greedy tokens equal to caching off align 0/2, all 2/2, "
         "to the mode's own cold run all 1/1; "
-        "decode all / align 0.99x (MTP k 3)",
+        "MTP k 3: TTFT warm / cold at 32k align 0.03, all 0.05, decode all / align 0.99x",
         "[state_copy](results/state_copy-h200.md)",
         "[results/report/report.md](results/report/report.md)",
     ):

@@ -668,10 +668,26 @@ def e2e_allmode(r: Result) -> Section:
             f"sharing a prefix {', '.join(cached)}; greedy tokens equal to caching off "
             f"{', '.join(same)}" + (f", to the mode's own cold run {', '.join(own)}" if own else "")
         )
-    timed = [x for x in rows if x["metric"] in ("decode_tok_per_s", "cold_prefill_tok_per_s")]
-    for x in timed:
-        what = "decode" if x["metric"] == "decode_tok_per_s" else "cold prefill"
-        parts.append(f"{what} all / align {ratio(x['ratio'])} (MTP k {x['case']['mtp_k']})")
+    # the timed rows, per MTP k: warm / cold time to first token of each
+    # mode, then all against align
+    timed = [
+        x for x in rows if x["metric"] in ("ttft_ms", "decode_tok_per_s", "cold_prefill_tok_per_s")
+    ]
+    for k in sorted({x["case"]["mtp_k"] for x in timed}):
+        mine = [x for x in timed if x["case"]["mtp_k"] == k]
+        got = []
+        for n in sorted({x["case"]["prefix_tokens"] for x in mine if x["metric"] == "ttft_ms"}):
+            modes = [
+                f"{x['case']['mode']} {x['value'] / x['baseline']:.2f}"
+                for x in mine
+                if x["metric"] == "ttft_ms" and x["case"]["prefix_tokens"] == n
+            ]
+            got.append(f"TTFT warm / cold at {tokens_label(n)} {', '.join(modes)}")
+        for x in mine:
+            if x["metric"] != "ttft_ms":
+                what = "decode" if x["metric"] == "decode_tok_per_s" else "cold prefill"
+                got.append(f"{what} all / align {ratio(x['ratio'])}")
+        parts.append(f"MTP k {k}: {', '.join(got)}")
     return Section("; ".join(parts) or f"{len(rows)} rows", lines)
 
 

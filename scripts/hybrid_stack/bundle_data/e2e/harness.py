@@ -168,6 +168,13 @@ class Engine:
     # The KV cache block size; None: the one vLLM derives for the model and
     # mode (a smaller one given here is raised to it, a larger one is kept)
     block_size: int | None = None
+    # Inductor's deterministic mode in this engine's own compile config
+    # (--triton-first-config). The TORCHINDUCTOR_DETERMINISTIC environment
+    # variable is not enough: vLLM derives benchmark_combo_kernel from
+    # torch._inductor.config.deterministic each time it builds a
+    # CompilationConfig, and only the first engine of a process was seen
+    # with it off; the later ones chose their combo kernels by timing.
+    deterministic_compile: bool = False
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -207,6 +214,8 @@ class Engine:
             # eager runs the layers' custom-op forms unless told otherwise
             kw["enforce_eager"] = True
             kw["compilation_config"] = {"custom_ops": ["none"]}
+        elif self.deterministic_compile:
+            kw["compilation_config"] = {"inductor_compile_config": {"deterministic": True}}
         return kw
 
     def label(self) -> str:
@@ -650,7 +659,11 @@ def suite_allmode(
     ``prompt_logprobs``: the cold request of each prefix (reference and
     modes) also returns its prompt logprobs; the cold row then says from which
     prompt position the mode's prefill computes other bits than the
-    reference's (`logprob_diff`)."""
+    reference's (`logprob_diff`).
+
+    A second ``none`` in ``modes`` is judged like the other modes: two engines
+    of one configuration, which says what the reference itself reproduces
+    across engines."""
     assert modes[0] == "none", "the reference engine comes first"
     rows: list[dict[str, Any]] = []
     longest = max(prefixes) + question + OUTPUT_TOKENS + 64
@@ -658,7 +671,7 @@ def suite_allmode(
     for k in ks:
         refs: dict[int, tuple[Served, Served]] = {}
         ref_block: int | None = None
-        for mode in modes:
+        for i, mode in enumerate(modes):
             spec = replace(base, mode=mode, mtp_k=k)
             if chunk and mode != "align":
                 spec = replace(spec, max_num_batched_tokens=chunk)
@@ -668,13 +681,13 @@ def suite_allmode(
                 if run is None:
                     continue
                 run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
-                if mode == "none":
+                if i == 0:
                     ref_block = run.block_size
                 for n in prefixes:
                     rng = random.Random(3000 + n)
                     a = prompt(rng, n + question, run.vocab)
                     b = a[:n] + prompt(rng, question, run.vocab)
-                    if mode == "none":
+                    if i == 0:
                         refs[n] = (
                             run.serve([a], OUTPUT_TOKENS, prompt_logprobs=prompt_logprobs)[0],
                             run.serve([b], OUTPUT_TOKENS)[0],
@@ -1246,8 +1259,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="every vLLM Triton autotuner runs its first valid config instead of timing "
         "them (VLLM_TRITON_FORCE_FIRST_CONFIG=1) and Inductor picks its kernels' configs "
-        "without benchmarking (TORCHINDUCTOR_DETERMINISTIC=1): identity rows across "
-        "engines then compare the same kernel configs",
+        "without benchmarking (TORCHINDUCTOR_DETERMINISTIC=1 and every engine's "
+        "inductor_compile_config): identity rows across engines then compare the "
+        "same kernel configs",
     )
     p.add_argument("--merge", action="store_true", help="join the parts in --out")
     p.add_argument("--note", action="append", default=[], help="with --merge: a note to keep")
@@ -1309,6 +1323,7 @@ def main(argv: list[str] | None = None) -> int:
         lock=args.gpu_lock,
         tensor_parallel_size=args.tensor_parallel_size,
         gdn_prefill=args.gdn_prefill_backend,
+        deterministic_compile=args.triton_first_config,
     )
     part = run_model(base, plan)
     part["settings"] = part_settings(
