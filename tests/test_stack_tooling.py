@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,22 @@ def test_damaged_cached_file_is_fetched_again(toy: Toy, capsys):
     assert toy.cli("fetch") == 0
     assert "is damaged" in capsys.readouterr().out
     assert hashlib.sha256(cached.read_bytes()).hexdigest() == toy.sha
+
+
+def test_python_m_hybrid_stack_is_the_command(toy: Toy):
+    """`python -m hybrid_stack` runs the `hybrid-stack` command (a worktree or
+    machine with scripts/ on PYTHONPATH and no entry-point script)."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", module, "--root", str(toy.root), "status"],
+            capture_output=True,
+            text=True,
+        )
+        for module in ("hybrid_stack", "hybrid_stack.cli")
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout and "entries" in runs[0].stdout.lower()
+    bad = subprocess.run(
+        [sys.executable, "-m", "hybrid_stack", "no-such-verb"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "usage: hybrid-stack" in bad.stderr
