@@ -11,7 +11,8 @@
 #      (ci/vllm-hooks.sh --carried), and the SSD entries' launch tests under
 #      Triton 3.6
 #   7. the tooling tests (pytest tests/, two at a time); the sm_90 test reads
-#      step 5's result instead of compiling the same kernels again
+#      step 5's result instead of compiling the same kernels again; then the
+#      report and the PR bodies in results/ are what the tool writes from them
 #   8. the stack's CPU suite on the patched tree (hybrid-stack test, two suites
 #      at a time)
 # Exits non-zero on any failure; pytest's "no tests collected" (5) is a failure.
@@ -67,6 +68,7 @@ set -e
 if [ "$rc" -eq 5 ]; then echo "tooling tests: pytest collected no tests" >&2; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
 hybrid-stack report --check
+hybrid-stack pr-stack --check
 
 step "CPU suite on the patched tree"
 hybrid-stack test --jobs "$JOBS"

@@ -126,3 +126,25 @@ def test_pr_stack_is_idempotent_and_local(toy: Toy, tmp_path: Path):
     assert toy.cli("pr-stack", "--push", str(remote)) == 0
     pushed = git(remote, "for-each-ref", "--format=%(refname:short) %(objectname)")
     assert dict(line.split() for line in pushed.splitlines()) == first_branches
+
+
+def test_check_says_when_the_bodies_are_stale_and_writes_nothing(toy: Toy, capsys):
+    three_entries(toy)
+    assert toy.cli("pr-stack", "--check") == 2  # never written
+    assert "is stale (01-first.md, 02-second.md, 03-third.md, index.md)" in capsys.readouterr().err
+    assert branches(toy) == {} and not (toy.root / "results/pr-stack").exists()
+    assert toy.cli("pr-stack") == 0
+    written, made = bodies(toy), branches(toy)
+    assert toy.cli("pr-stack", "--check") == 0
+    # a PR body changes with its entry's description ...
+    series = toy.root / "patches/series.toml"
+    series.write_text(series.read_text().replace("Run the new tests.", "Run them all."))
+    assert toy.cli("apply") == 0
+    assert toy.cli("pr-stack", "--check") == 2
+    assert "is stale (02-second.md):" in capsys.readouterr().err
+    assert bodies(toy) == written and branches(toy) == made
+    assert toy.cli("pr-stack") == 0 and toy.cli("pr-stack", "--check") == 0
+    # ... and a body of an entry no longer carried is stale too
+    (toy.root / "results/pr-stack/09-gone.md").write_text("old\n")
+    assert toy.cli("pr-stack", "--check") == 2
+    assert "is stale (09-gone.md)" in capsys.readouterr().err

@@ -271,8 +271,12 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def pr_stack(stack: Stack, work: Path, out: Path, push: str = "") -> list[tuple[str, str]]:
-    """Branches and bodies; returns [(branch, commit)]."""
+def pr_stack(
+    stack: Stack, work: Path, out: Path, push: str = "", check: bool = False
+) -> list[tuple[str, str]]:
+    """Branches and bodies; returns [(branch, commit)]. With ``check`` nothing is
+    written (no branch, no body): a body or index that differs from what would be
+    written, or one that would be removed, raises StackError."""
     from hybrid_stack.applier import open_work
     from hybrid_stack.workstate import commit_entries, current_files, export_files
 
@@ -287,24 +291,36 @@ def pr_stack(stack: Stack, work: Path, out: Path, push: str = "") -> list[tuple[
     entries = [stack.entry(name) for _, name in pairs]
     branches = []
     stats = []
-    wanted_files = {"index.md"}
+    wanted: dict[str, str] = {}
     for i, ((commit, _), e) in enumerate(zip(pairs, entries), 1):
         name = branch_name(i, e)
-        repo.run("branch", "--force", "--no-track", name, commit)
+        if not check:
+            repo.run("branch", "--force", "--no-track", name, commit)
         branches.append((name, commit))
         num = repo.run("diff", "--numstat", f"{commit}~1", commit).splitlines()
         add = sum(int(x.split("\t")[0]) for x in num if x.split("\t")[0].isdigit())
         rem = sum(int(x.split("\t")[1]) for x in num if x.split("\t")[1].isdigit())
         stats.append(f"{len(num)}, +{add}/-{rem}")
-        body = pr_body(stack, repo, entries, i, base)
-        fname = f"{i:02d}-{e.name}.md"
-        wanted_files.add(fname)
-        if _write_if_changed(out / fname, body):
+        wanted[f"{i:02d}-{e.name}.md"] = pr_body(stack, repo, entries, i, base)
+    wanted["index.md"] = index_markdown(stack, entries, stats)
+    if check:
+        stale = [
+            n
+            for n, text in wanted.items()
+            if not (out / n).is_file() or (out / n).read_text() != text
+        ]
+        stale += [p.name for p in sorted(out.glob("*.md")) if p.name not in wanted]
+        if stale:
+            raise StackError(f"{out} is stale ({', '.join(stale)}): run hybrid-stack pr-stack")
+        return branches
+    # wanted keeps the entries' order, index.md last
+    for i, ((name, commit), fname) in enumerate(zip(branches, wanted), 1):
+        if _write_if_changed(out / fname, wanted[fname]):
             print(f"pr-stack: wrote {out / fname}")
         print(f"pr-stack: [{i}/{len(entries)}] {name} at {commit[:12]}")
-    _write_if_changed(out / "index.md", index_markdown(stack, entries, stats))
+    _write_if_changed(out / "index.md", wanted["index.md"])
     for stale in sorted(out.glob("*.md")):
-        if stale.name not in wanted_files:
+        if stale.name not in wanted:
             stale.unlink()
             print(f"pr-stack: removed {stale}")
     keep = {b for b, _ in branches}
@@ -322,6 +338,12 @@ def run(args: argparse.Namespace) -> int:
     stack = load_stack(args.root)
     work = (args.work or stack.default_work).resolve()
     out = (args.out or stack.root / "results" / "pr-stack").resolve()
+    if args.check:
+        if args.push:
+            raise StackError("--check writes nothing; it does not take --push")
+        pr_stack(stack, work, out, check=True)
+        print(f"pr-stack: {out} is current")
+        return 0
     branches = pr_stack(stack, work, out, args.push)
     where = f"pushed to {args.push}" if args.push else "local only (no --push)"
     print(f"pr-stack: {len(branches)} branches in {work}, bodies in {out}; {where}")
@@ -333,4 +355,9 @@ def add_parser(sub) -> None:
     p.add_argument("--work", type=Path, default=None, help="work tree (default work/vllm)")
     p.add_argument("--out", type=Path, default=None, help="bodies (default results/pr-stack)")
     p.add_argument("--push", default="", metavar="REMOTE", help="push the branches to REMOTE")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; fail when the bodies in --out are not what pr-stack writes",
+    )
     p.set_defaults(func=run)
