@@ -72,6 +72,11 @@ class FakeRunner:
             out.append(harness.Served(toks, cached, ms, lps))
         return out
 
+    def gpu_ms(self, prompts, max_tokens):
+        # the same device work in both modes: all mode's slower decode is host time
+        assert all(prompts) and max_tokens > 0
+        return 90.0 if max_tokens > 100 else 800.0
+
     def reset_cache(self):
         self.seen.clear()
 
@@ -194,6 +199,32 @@ def test_allmode_timed_rows(fake_engines):
     (prefill,) = [r for r in rows if r["metric"] == "cold_prefill_tok_per_s"]
     assert prefill["ratio"] == pytest.approx(1000 / 1030)
     assert prefill["case"]["tokens"] == m["prefill_tokens"]
+    # GPU time beside wall time: equal device work, so the GPU ratio is 1 where
+    # the wall ratio is not (host overhead), and the table shows both
+    assert (decode["baseline_gpu_ms"], decode["value_gpu_ms"], decode["gpu_ratio"]) == (
+        90.0,
+        90.0,
+        1.0,
+    )
+    assert (prefill["baseline_gpu_ms"], prefill["gpu_ratio"]) == (800.0, 1.0)
+    md = harness.markdown(
+        {
+            "gpu_name": "H200",
+            "vllm_base": "0.33.0",
+            "torch": "2",
+            "triton": "3",
+            "cuda": "13",
+            "created": "now",
+            "command": "c",
+            "settings": {},
+            "compiled_ops_called": {},
+            "shared_gpu": [],
+            "failures": [],
+            "rows": rows,
+        }
+    )
+    assert "| all / align | align GPU ms | all GPU ms | GPU time align / all |" in md
+    assert "| 0.800 | 90 | 90 | 1.000 |" in md
 
 
 def test_merge_writes_the_allmode_result(tmp_path, fake_engines):

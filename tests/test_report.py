@@ -135,7 +135,15 @@ def synthetic() -> dict[str, dict]:
                 for mode, warm in (("align", 30), ("all", 50))
             ]
             + [
-                timed({"model": "q", "mtp_k": 3, "decode_tokens": 256}, "decode_tok_per_s", 100, 99)
+                timed(
+                    {"model": "q", "mtp_k": 3, "decode_tokens": 256},
+                    "decode_tok_per_s",
+                    100,
+                    99,
+                    baseline_gpu_ms=50.0,
+                    value_gpu_ms=50.0,
+                    gpu_ratio=1.0,
+                )
             ],
         ),
         "other-h200.json": result("other", [timed({"n": 1}, "x", 1.0, 2.0)]),
@@ -226,6 +234,7 @@ def test_report_of_a_synthetic_results_folder(tmp_path: Path):
     assert "| mm | 16384 | 1 | 80000 | 96000 | 1.20x |" in md  # e2e prefill
     assert "| q | align | 0 | 8192 | 200 | 50 | 0.250 | 8064 / 8064 |" in md  # e2e TTFT
     assert "| 8192 | 1 | 576 | - | 11.50M | 10.35M | 0.900x |" in md  # gdn_checkpoint
+    assert "| q | 3 | 100 | 99 | 0.99x | 1.00x |" in md  # all-mode decode, GPU time beside
     assert "| 1 | x | 1 | 2 | 2 | 2 | 1 |" in md  # the generic table of "other"
     assert md.count("![") == 4 and md.count("<!-- plot sha256 ") == 4
     readme = (root / "README.md").read_text()

@@ -623,10 +623,12 @@ def e2e_allmode(r: Result) -> Section:
         if mine:
             lines += [title, ""]
             lines += table(
-                ["model", "MTP k", "align", "all", "all / align"],
+                ["model", "MTP k", "align", "all", "all / align", "GPU time align / all"],
                 [
                     [x["case"]["model"], str(x["case"]["mtp_k"])]
                     + [num(x["baseline"]), num(x["value"]), ratio(x["ratio"])]
+                    # GPU time beside wall time (rows since it was recorded)
+                    + [ratio(x.get("gpu_ratio"))]
                     for x in mine
                 ],
             )

@@ -384,19 +384,24 @@ class Runner:
             flush=True,
         )
 
-    def serve(
-        self, prompts: list[list[int]], max_tokens: int, prompt_logprobs: bool = False
-    ) -> list[Served]:
+    @staticmethod
+    def _params(max_tokens: int, prompt_logprobs: bool = False) -> Any:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
+        return SamplingParams(
             temperature=0.0,
             max_tokens=max_tokens,
             ignore_eos=True,
             detokenize=False,
             prompt_logprobs=0 if prompt_logprobs else None,
         )
+
+    def serve(
+        self, prompts: list[list[int]], max_tokens: int, prompt_logprobs: bool = False
+    ) -> list[Served]:
+        from vllm.inputs import TokensPrompt
+
+        params = self._params(max_tokens, prompt_logprobs)
         with gpu_lock(self.spec.lock):
             t0 = time.perf_counter()
             outs = self.llm.generate(
@@ -411,6 +416,30 @@ class Runner:
                     lps.append(pos[tok].logprob)
             served.append(Served(list(o.outputs[0].token_ids), o.num_cached_tokens or 0, ms, lps))
         return served
+
+    def gpu_ms(self, prompts: list[list[int]], max_tokens: int) -> float:
+        """GPU time of serving ``prompts``: the summed duration of every kernel
+        and copy on the device (CUDA-graph replays included), from a profiled
+        repeat that is not itself timed. Beside a wall time it tells host
+        overhead (launches, Python) from device work."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        from vllm.inputs import TokensPrompt
+
+        with gpu_lock(self.spec.lock), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                self._params(max_tokens),
+                use_tqdm=False,
+            )
+        return (
+            sum(
+                e.time_range.elapsed_us()
+                for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA
+            )
+            / 1e3
+        )
 
     def reset_cache(self) -> None:
         """Drop every cached prefix (the engine must be idle)."""
@@ -707,6 +736,17 @@ def suite_allmode(
     return rows
 
 
+def gpu_fields(baseline_gpu_ms: float, value_gpu_ms: float) -> dict[str, float]:
+    """A timed row's GPU time beside its wall time (`Runner.gpu_ms`), and their
+    ratio oriented like a throughput ratio: baseline over value, higher is
+    better. A wall ratio far below the GPU ratio is host overhead."""
+    return dict(
+        baseline_gpu_ms=baseline_gpu_ms,
+        value_gpu_ms=value_gpu_ms,
+        gpu_ratio=baseline_gpu_ms / value_gpu_ms if value_gpu_ms else math.nan,
+    )
+
+
 def suite_allmode_timed(
     base: Engine,
     ks: list[int],
@@ -722,7 +762,9 @@ def suite_allmode_timed(
     (``ttft_ms``), decode throughput of one request (``decode_tok_per_s``)
     and the prefill of fresh prompts of ``prefill_tokens``, nothing cached
     (``cold_prefill_tok_per_s``: what all mode's block checkpoints cost inside
-    the engine); the last two with baseline = align, value = all."""
+    the engine); the last two with baseline = align, value = all, and the GPU
+    time of a profiled repeat of the same request beside the wall time
+    (`gpu_fields`)."""
     rows: list[dict[str, Any]] = []
     longest = max(max(prefixes) + question, prefill_tokens) + OUTPUT_TOKENS + 64
     base = replace(base, max_model_len=max(base.max_model_len, longest))
@@ -737,17 +779,23 @@ def suite_allmode_timed(
                 run.serve([prompt(random.Random(7), 256, run.vocab)], 4)  # first-request costs
                 for n in prefixes:
                     rows.append(ttft_row(run, spec, random.Random(3000 + n), n, question))
-                out = run.serve([prompt(random.Random(4000 + k), 64, run.vocab)], decode_tokens)
-                decode[mode] = (len(out[0].tokens) / (out[0].ms / 1e3), out[0].ms)
+                p = prompt(random.Random(4000 + k), 64, run.vocab)
+                out = run.serve([p], decode_tokens)
+                decode[mode] = (
+                    len(out[0].tokens) / (out[0].ms / 1e3),
+                    out[0].ms,
+                    run.gpu_ms([p], decode_tokens),
+                )
                 rng = random.Random(5000 + k)
-                ms = [
-                    run.serve([prompt(rng, prefill_tokens, run.vocab)], 1)[0].ms
-                    for _ in range(prefill_reps + 1)  # the first is a warm-up
-                ]
-                prefill[mode] = statistics.median(ms[1:])
+                fresh = [prompt(rng, prefill_tokens, run.vocab) for _ in range(prefill_reps + 2)]
+                ms = [run.serve([f], 1)[0].ms for f in fresh[:-1]]  # the first is a warm-up
+                prefill[mode] = (statistics.median(ms[1:]), run.gpu_ms([fresh[-1]], 1))
         case = {"model": base.model, "mtp_k": k}
         if len(decode) == 2:
-            (align_tps, align_ms), (all_tps, all_ms) = decode["align"], decode["all"]
+            (align_tps, align_ms, align_gpu), (all_tps, all_ms, all_gpu) = (
+                decode["align"],
+                decode["all"],
+            )
             rows.append(
                 common.make_row(
                     {**case, "decode_tokens": decode_tokens},
@@ -756,10 +804,11 @@ def suite_allmode_timed(
                     all_tps,
                     align_ms,
                     all_ms,
+                    **gpu_fields(align_gpu, all_gpu),
                 )
             )
         if len(prefill) == 2:
-            align_ms, all_ms = prefill["align"], prefill["all"]
+            (align_ms, align_gpu), (all_ms, all_gpu) = prefill["align"], prefill["all"]
             rows.append(
                 common.make_row(
                     {**case, "tokens": prefill_tokens},
@@ -769,6 +818,7 @@ def suite_allmode_timed(
                     align_ms,
                     all_ms,
                     reps=prefill_reps,
+                    **gpu_fields(align_gpu, all_gpu),
                 )
             )
     return rows
@@ -1092,6 +1142,16 @@ def _cell(x: Any) -> str:
     return "" if x is None else str(x)
 
 
+# GPU time beside the wall time of a timed row (gpu_fields); empty cells for
+# rows measured before it was recorded
+_GPU_COLUMNS = (
+    ("align GPU ms", lambda r: r.get("baseline_gpu_ms")),
+    ("all GPU ms", lambda r: r.get("value_gpu_ms")),
+    (
+        "GPU time align / all",
+        lambda r: f"{r['gpu_ratio']:.3f}" if "gpu_ratio" in r else None,
+    ),
+)
 # metric -> (title, [(column, row -> value)])
 TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
     "prefill_tok_per_s": (
@@ -1131,6 +1191,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("align tok/s", lambda r: r["baseline"]),
             ("all tok/s", lambda r: r["value"]),
             ("all / align", lambda r: f"{r['ratio']:.3f}"),
+            *_GPU_COLUMNS,
         ],
     ),
     "cold_prefill_tok_per_s": (
@@ -1145,6 +1206,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("all / align", lambda r: f"{r['ratio']:.3f}"),
             ("align ms", lambda r: r["baseline_ms"]),
             ("all ms", lambda r: r["value_ms"]),
+            *_GPU_COLUMNS,
         ],
     ),
     "identical": (
