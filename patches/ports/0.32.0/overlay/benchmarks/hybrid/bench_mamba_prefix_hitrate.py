@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -728,71 +729,82 @@ def main(argv: list[str] | None = None) -> int:
         ]
 
     rows = []
-    for model_name in args.models:
-        shape = MODELS[model_name]
-        for multiplier in args.block_size_multipliers:
-            block_size = shape.natural_block_size() * multiplier
-            for budget in args.budgets_gib:
-                for workload in workloads():
-                    results = {}
-                    for mode in MODES:
-                        vllm_config = factory.make(
-                            mode,
-                            block_size,
-                            args.max_num_batched_tokens,
-                            args.max_num_seqs,
-                            workload.num_spec_tokens,
+    # The scheduler as Model Runner V2 (0.33.0's default on GPUs) drives it:
+    # it may skip drafts under pressure (can_skip_drafts), and all mode with
+    # drafts is served on Model Runner V2 only (VllmConfig refuses it on the
+    # V1 runner, which a process without Triton would otherwise pick).
+    # vLLM 0.32.0 refuses Model Runner V2 in VllmConfig where Triton is off
+    # (a CPU-only process; 0.33.0 checks in the GPU worker): the bench builds
+    # no model runner, so the config is checked as on a GPU.
+    with (
+        mock.patch.dict(os.environ, {"VLLM_USE_V2_MODEL_RUNNER": "1"}),
+        mock.patch("vllm.config.vllm.HAS_TRITON", True),
+    ):
+        for model_name in args.models:
+            shape = MODELS[model_name]
+            for multiplier in args.block_size_multipliers:
+                block_size = shape.natural_block_size() * multiplier
+                for budget in args.budgets_gib:
+                    for workload in workloads():
+                        results = {}
+                        for mode in MODES:
+                            vllm_config = factory.make(
+                                mode,
+                                block_size,
+                                args.max_num_batched_tokens,
+                                args.max_num_seqs,
+                                workload.num_spec_tokens,
+                            )
+                            kv_cache_config = build_kv_cache_config(
+                                shape,
+                                mode,
+                                block_size,
+                                int(budget * GiB),
+                                workload.num_spec_tokens,
+                                vllm_config.cache_config.prefix_cache_retention_interval,
+                            )
+                            t = time.perf_counter()
+                            results[mode] = run_workload(
+                                workload, vllm_config, kv_cache_config, args.seed
+                            )
+                            results[mode]["seconds"] = round(time.perf_counter() - t, 2)
+                        # None: the mode cannot hold one request in this budget.
+                        base = results["align"]["cached_over_ideal"]
+                        value = results["all"]["cached_over_ideal"]
+                        rows.append(
+                            {
+                                "case": {
+                                    "workload": workload.name,
+                                    "model": model_name,
+                                    # `value` is this mode, `baseline` is "align".
+                                    "mode": "all",
+                                    "baseline_mode": "align",
+                                    "block_size": block_size,
+                                    "kv_budget_gib": budget,
+                                    "num_spec_tokens": workload.num_spec_tokens,
+                                    "shape": workload.description,
+                                },
+                                "metric": "cached_over_ideal",
+                                "baseline": base,
+                                "value": value,
+                                "ratio": value / base
+                                if base and value is not None
+                                else None,
+                                "hit_rate": results["all"]["hit_rate"],
+                                "blocks_used": results["all"]["blocks_used"],
+                                "baseline_hit_rate": results["align"]["hit_rate"],
+                                "baseline_blocks_used": results["align"]["blocks_used"],
+                                "per_mode": results,
+                            }
                         )
-                        kv_cache_config = build_kv_cache_config(
-                            shape,
-                            mode,
-                            block_size,
-                            int(budget * GiB),
-                            workload.num_spec_tokens,
-                            vllm_config.cache_config.prefix_cache_retention_interval,
+                        print(
+                            f"# {model_name} B={block_size} {budget}GiB "
+                            f"{workload.name}: "
+                            + " ".join(
+                                f"{m}={results[m]['cached_over_ideal']}" for m in MODES
+                            ),
+                            file=sys.stderr,
                         )
-                        t = time.perf_counter()
-                        results[mode] = run_workload(
-                            workload, vllm_config, kv_cache_config, args.seed
-                        )
-                        results[mode]["seconds"] = round(time.perf_counter() - t, 2)
-                    # None: the mode cannot hold one request in this budget.
-                    base = results["align"]["cached_over_ideal"]
-                    value = results["all"]["cached_over_ideal"]
-                    rows.append(
-                        {
-                            "case": {
-                                "workload": workload.name,
-                                "model": model_name,
-                                # `value` is this mode, `baseline` is "align".
-                                "mode": "all",
-                                "baseline_mode": "align",
-                                "block_size": block_size,
-                                "kv_budget_gib": budget,
-                                "num_spec_tokens": workload.num_spec_tokens,
-                                "shape": workload.description,
-                            },
-                            "metric": "cached_over_ideal",
-                            "baseline": base,
-                            "value": value,
-                            "ratio": value / base
-                            if base and value is not None
-                            else None,
-                            "hit_rate": results["all"]["hit_rate"],
-                            "blocks_used": results["all"]["blocks_used"],
-                            "baseline_hit_rate": results["align"]["hit_rate"],
-                            "baseline_blocks_used": results["align"]["blocks_used"],
-                            "per_mode": results,
-                        }
-                    )
-                    print(
-                        f"# {model_name} B={block_size} {budget}GiB "
-                        f"{workload.name}: "
-                        + " ".join(
-                            f"{m}={results[m]['cached_over_ideal']}" for m in MODES
-                        ),
-                        file=sys.stderr,
-                    )
 
     env = [
         f"{k}={shlex.quote(os.environ[k])}"
