@@ -652,3 +652,73 @@ def test_layer_core_single_prefill_windows_at_every_boundary(monkeypatch) -> Non
             mixed_qkv[p - (_WIDTH - 1) : p].T,
             msg=f"conv window at the boundary {p}",
         )
+
+
+@pytest.mark.parametrize(
+    "num_spec,num_speculative_blocks", [(0, 0), (1, 1), (3, 3), (3, 1)]
+)
+@pytest.mark.parametrize("anchors", ["none", "one-column", "two-columns", "untracked"])
+def test_slots_kernel_matches_reference(
+    num_spec, num_speculative_blocks, anchors
+) -> None:
+    """The one-launch slot kernel fills exactly what the PyTorch form fills,
+    on random batches: prefills from chunk-aligned and misaligned starts,
+    decodes and speculative rows crossing block boundaries at every offset,
+    padding rows (query length 0), rows whose scratch columns fall past the
+    table, anchors present, absent (negative) or not tracked. Under
+    TRITON_INTERPRET=1 on the CPU; natively on a GPU."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from vllm.v1.attention.backends.gdn_attn import GDNAllModeSlotBuilder
+
+    gen = torch.Generator().manual_seed(1000 * num_spec + num_speculative_blocks)
+    bs, width, num_reqs, max_reqs = 16, 9, 37, 40
+    kernel, reference = (
+        GDNAllModeSlotBuilder(max_reqs, num_spec, bs, num_speculative_blocks, device)
+        for _ in range(2)
+    )
+    for buf in ("read_slots", "conv_read_slots", "write_slots", "spec_slots"):
+        # stale values must not survive in either form
+        getattr(kernel, buf).fill_(-7)
+        getattr(reference, buf).fill_(-9)
+    table = torch.randint(
+        1, 10_000, (num_reqs, width), generator=gen, dtype=torch.int32
+    )
+    start = torch.randint(0, bs * (width - 1), (num_reqs,), generator=gen)
+    start[::5] = start[::5] // 64 * 64  # some on the chunk grid
+    drafts = torch.randint(-1, num_spec + 1, (num_reqs,), generator=gen)
+    qlen = torch.where(
+        drafts > 0, drafts + 1, torch.randint(1, 3 * bs, (num_reqs,), generator=gen)
+    )
+    qlen[::7] = 0  # padding rows
+    qlen = torch.minimum(qlen, bs * width - start)
+    num_drafts = drafts if num_spec else None
+    read_anchors = None
+    if anchors in ("one-column", "two-columns"):
+        cols = 1 if anchors == "one-column" else 2
+        read_anchors = torch.randint(-3, 10_000, (num_reqs, cols), generator=gen)
+        read_anchors = read_anchors.to(torch.int32).squeeze(1)
+    args = (
+        table.to(device),
+        start.to(device, torch.int32),
+        qlen.to(device, torch.int32),
+        None if num_drafts is None else num_drafts.to(device),
+        None if read_anchors is None else read_anchors.to(device),
+        anchors == "untracked",
+    )
+    kernel._fill(*args)
+    reference.fill_reference(*args)
+    for buf in (
+        "read_slots",
+        "conv_read_slots",
+        "write_slots",
+        "spec_slots",
+        "num_computed_tokens",
+        "num_checkpoints",
+    ):
+        got = getattr(kernel, buf)[:num_reqs].cpu()
+        want = getattr(reference, buf)[:num_reqs].cpu()
+        assert torch.equal(got, want), (buf, got, want)
+    # the draws reach every case the kernel branches on
+    assert (qlen == 0).any() and (qlen > bs).any()
+    if num_spec:
+        assert (drafts > 0).any() and (drafts <= 0).any()
