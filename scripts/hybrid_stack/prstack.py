@@ -263,8 +263,12 @@ def index_markdown(stack: Stack, entries: list[Entry], stats: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _is_current(path: Path, text: str) -> bool:
+    return path.is_file() and path.read_text() == text
+
+
 def _write_if_changed(path: Path, text: str) -> bool:
-    if path.is_file() and path.read_text() == text:
+    if _is_current(path, text):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -304,11 +308,7 @@ def pr_stack(
         wanted[f"{i:02d}-{e.name}.md"] = pr_body(stack, repo, entries, i, base)
     wanted["index.md"] = index_markdown(stack, entries, stats)
     if check:
-        stale = [
-            n
-            for n, text in wanted.items()
-            if not (out / n).is_file() or (out / n).read_text() != text
-        ]
+        stale = [n for n, text in wanted.items() if not _is_current(out / n, text)]
         stale += [p.name for p in sorted(out.glob("*.md")) if p.name not in wanted]
         if stale:
             raise StackError(f"{out} is stale ({', '.join(stale)}): run hybrid-stack pr-stack")
