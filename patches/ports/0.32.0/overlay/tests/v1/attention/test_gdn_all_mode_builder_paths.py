@@ -657,7 +657,9 @@ def test_layer_core_single_prefill_windows_at_every_boundary(monkeypatch) -> Non
 @pytest.mark.parametrize(
     "num_spec,num_speculative_blocks", [(0, 0), (1, 1), (3, 3), (3, 1)]
 )
-@pytest.mark.parametrize("anchors", ["none", "one-column", "two-columns", "untracked"])
+@pytest.mark.parametrize(
+    "anchors", ["none", "one-column", "two-columns", "untracked", "table"]
+)
 def test_slots_kernel_matches_reference(
     num_spec, num_speculative_blocks, anchors
 ) -> None:
@@ -665,10 +667,15 @@ def test_slots_kernel_matches_reference(
     on random batches: prefills from chunk-aligned and misaligned starts,
     decodes and speculative rows crossing block boundaries at every offset,
     padding rows (query length 0), rows whose scratch columns fall past the
-    table, anchors present, absent (negative) or not tracked. Under
-    TRITON_INTERPRET=1 on the CPU; natively on a GPU."""
+    table, anchors present, absent (negative) or not tracked, or Model
+    Runner V2's anchor table (consumed and staged in the same launch: random
+    staged rows and acceptance, -1 rows, padding past the real batch).
+    Under TRITON_INTERPRET=1 on the CPU; natively on a GPU."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from vllm.v1.attention.backends.gdn_attn import GDNAllModeSlotBuilder
+    from vllm.v1.attention.backends.gdn_attn import (
+        GDNAllModeAnchorStep,
+        GDNAllModeSlotBuilder,
+    )
 
     gen = torch.Generator().manual_seed(1000 * num_spec + num_speculative_blocks)
     bs, width, num_reqs, max_reqs = 16, 9, 37, 40
@@ -705,8 +712,34 @@ def test_slots_kernel_matches_reference(
         None if read_anchors is None else read_anchors.to(device),
         anchors == "untracked",
     )
-    kernel._fill(*args)
-    reference.fill_reference(*args)
+    steps: list = [None, None]
+    if anchors == "table":
+        # persistent rows 0..max_reqs-1 (+ the sink); the first num_real
+        # batch rows are real, the rest padding
+        num_real = num_reqs - 4
+        idx = torch.randperm(max_reqs, generator=gen)[:num_real]
+        idx[::9] = -1
+        slots = torch.randint(-5, 10_000, (max_reqs + 1, num_spec + 1), generator=gen)
+        staged = torch.rand(max_reqs + 1, generator=gen) < 0.7
+        accepted = torch.randint(1, num_spec + 2, (max_reqs,), generator=gen)
+        steps = [
+            GDNAllModeAnchorStep(
+                slots.to(device, torch.int32),
+                staged.to(device).clone(),  # the kernel writes it
+                idx.to(device),
+                accepted.to(device, torch.int32),
+            )
+            for _ in range(2)
+        ]
+    kernel._fill(*args, steps[0])
+    reference.fill_reference(*args, steps[1])
+    if anchors == "table":
+        # the sink row takes every -1 row's stage, in any order
+        for name in ("slots", "staged"):
+            got = getattr(steps[0], name)[:-1].cpu()
+            want = getattr(steps[1], name)[:-1].cpu()
+            assert torch.equal(got, want), (name, got, want)
+        assert (idx == -1).any() and staged[idx[idx >= 0]].any()
     for buf in (
         "read_slots",
         "conv_read_slots",
