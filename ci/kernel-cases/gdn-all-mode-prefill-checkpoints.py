@@ -6,11 +6,13 @@ probe (scripts/hybrid_stack/kstats_probe.py) inside the build venv, in the
 applied tree. The group calls ``chunk_gated_delta_rule_fwd_h`` (the FLA GDN
 chunk prefill's state pass) on ``meta`` tensors at Qwen3.5-9B-like /
 Qwen3-Next dims (16 q/k heads, 32 v heads, head dim 128, bf16, one 32k-token
-sequence), once without checkpoints (the kernel's 0.33.0 form) and once with
-checkpoints into an fp32 state cache at block size 576, and compiles each
-autotune config of 4 warps for both, side by side: the checkpoint variant
-must not cost registers or spills in the loop that the plain one does not
-(the 2-warp configs spill without checkpoints already and are left out).
+sequence), once without checkpoints (the kernel's 0.33.0 form) and with
+checkpoints at block size 576 into an fp32 state cache (stored after each
+chunk's update) and into a bf16 one (h's dtype: stored beside the per-chunk
+h store), and compiles each autotune config of 4 warps for all three, side
+by side: a checkpoint variant must not cost registers or spills in the loop
+that the plain one does not (the 2-warp configs spill without checkpoints
+already and are left out).
 
 The kernel is autotuned and has heuristics: the launcher's captured launch
 lacks them, so the case fills in the heuristics' constexprs and each
@@ -61,13 +63,19 @@ def _chunk_h_checkpoint_cases(arch: int) -> Any:
             kwargs[name] = rule(kwargs)
         return heuristics.fn, kwargs
 
-    checkpoints = chunk_delta_h.ChunkStateCheckpoints(
-        states=t(1 + blocks, H, V, K, dt=f32),
-        block_table=t(1, blocks, dt=i32),
-        num_computed_tokens=t(1, dt=i32),
-        block_size=BLOCK_SIZE,
-    )
-    variants = [("off", *capture(None)), ("on", *capture(checkpoints))]
+    def checkpoints(dt: torch.dtype) -> Any:
+        return chunk_delta_h.ChunkStateCheckpoints(
+            states=t(1 + blocks, H, V, K, dt=dt),
+            block_table=t(1, blocks, dt=i32),
+            num_computed_tokens=t(1, dt=i32),
+            block_size=BLOCK_SIZE,
+        )
+
+    variants = [
+        ("off", *capture(None)),
+        ("fp32", *capture(checkpoints(f32))),
+        ("bf16", *capture(checkpoints(bf16))),
+    ]
     tuner = variants[0][1]
     for cfg in tuner.configs:
         if cfg.num_warps != 4:
