@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from conftest import CORE_V1, Toy, add_entry, git
@@ -148,3 +149,12 @@ def test_check_says_when_the_bodies_are_stale_and_writes_nothing(toy: Toy, capsy
     (toy.root / "results/pr-stack/09-gone.md").write_text("old\n")
     assert toy.cli("pr-stack", "--check") == 2
     assert "is stale (09-gone.md)" in capsys.readouterr().err
+
+
+def test_without_a_work_tree_it_says_to_apply(toy: Toy, capsys):
+    three_entries(toy)
+    shutil.rmtree(toy.work)
+    assert toy.cli("pr-stack", "--check") == 2
+    err = capsys.readouterr().err
+    assert f"no work tree at {toy.work}: run hybrid-stack apply first" in err
+    assert not (toy.root / "results/pr-stack").exists()

@@ -349,6 +349,10 @@ def recover(stack: Stack, repo: Repo) -> dict | None:
 def open_work(stack: Stack, work: Path) -> Repo:
     """Validate an existing work tree: a clean stack repository on the pinned base."""
     repo = Repo(work)
+    if not work.exists():
+        raise StackError(
+            f"no work tree at {work}: run hybrid-stack apply first (or pass --work DIR)"
+        )
     if not repo.is_repo():
         raise StackError(
             f"{work} exists but is not a git work tree made by hybrid-stack: "
