@@ -316,3 +316,18 @@ def test_a_refresh_of_a_port_whose_tree_its_own_apply_made(repo: Toy, capsys):
     assert toy.cli("port", "0.0.2") == 0
     assert git(work, "rev-parse", PREVIOUS_PORT_REF) == head
     assert "current (the main series" in status_out(toy, capsys)
+
+
+def test_the_report_names_the_port_and_carries_the_release_notes(repo: Toy):
+    toy = repo
+    notes = toy.root / "results" / "rebase-notes" / "0.0.2.md"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("Why `threeway` merges: upstream renamed f11.\n")
+    report = toy.root / "results" / "rebase-0.0.2.md"
+    assert toy.cli("port", "0.0.2", "--report", str(report)) == 0
+    text = report.read_text()
+    # the command the report shows is the port's, without the paths it was given
+    assert "Command: `hybrid-stack rebase 0.0.2` (run by `hybrid-stack port 0.0.2`)\n" in text
+    # the notes of this release's earlier ports come along by default
+    assert "## Notes (from `results/rebase-notes/0.0.2.md`, by the person who ran it)" in text
+    assert "Why `threeway` merges: upstream renamed f11." in text

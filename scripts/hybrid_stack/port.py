@@ -386,7 +386,9 @@ def record_existing(main: Stack, port_root: Path, commit: str) -> int:
     return 0
 
 
-def make_port(main: Stack, port_root: Path, version: str, report: Path | None) -> int:
+def make_port(
+    main: Stack, port_root: Path, version: str, report: Path | None, notes: Path | None
+) -> int:
     from hybrid_stack import rebase
     from hybrid_stack.applier import apply
 
@@ -440,9 +442,11 @@ def make_port(main: Stack, port_root: Path, version: str, report: Path | None) -
         source="sdist",
         report=report,
         dry_run=False,
-        notes=None,
+        notes=notes,
         port_source=record,
         port_root=port_root,
+        run_by=f"hybrid-stack port {version}",
+        shown_root=main.root,
     )
     return rebase.start(args)
 
@@ -462,7 +466,11 @@ def run(args: argparse.Namespace) -> int:
         raise StackError(
             f"the main series is on vLLM {args.version}: a port is for another release"
         )
-    return make_port(main, port_root, args.version, args.report)
+    notes = args.notes
+    if notes is None:  # the committed notes of earlier ports of this release carry over
+        default = main.root / "results" / "rebase-notes" / f"{args.version}.md"
+        notes = default if default.is_file() else None
+    return make_port(main, port_root, args.version, args.report, notes)
 
 
 def add_parser(sub) -> None:
@@ -471,6 +479,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("version", help="the release to port onto")
     p.add_argument("--report", type=Path, default=None, help="the rebase's markdown report")
+    p.add_argument(
+        "--notes",
+        type=Path,
+        default=None,
+        help="markdown file for the report's Notes section (default "
+        "results/rebase-notes/<version>.md, where it exists)",
+    )
     p.add_argument(
         "--record",
         metavar="COMMIT",

@@ -506,7 +506,8 @@ def report_markdown(state: dict, entries: list[Entry], extra: str = "") -> str:
     lines = [
         f"# Rebase of the stack onto vLLM {state['new_version']}",
         "",
-        f"Command: `{state['command']}`",
+        f"Command: `{state['command']}`"
+        + (f" (run by `{state['run_by']}`)" if state.get("run_by") else ""),
         "",
         f"From vLLM {state['old_version']} (`{state['old_sdist']}`) to "
         f"{state['new_version']} (`{state['new_sdist']}`, sha256 `{state['new_sha256']}`, "
@@ -853,15 +854,18 @@ def start(args: argparse.Namespace) -> int:
     old_base = repo.rev(stack.pin.tag)
     old_head = repo.rev("HEAD")
     pairs = _entry_commits(stack, repo, old_base)
+    # `hybrid-stack port` rebases a staged copy of the port, installed into port_root at the
+    # end; its report names the port command, and paths as seen from the main stack's root
+    port_root = getattr(args, "port_root", None)
+    run_by = getattr(args, "run_by", None)
+    shown_root = getattr(args, "shown_root", None) or stack.root
     command = " ".join(
         ["hybrid-stack rebase", args.version]
         + (["--source", args.source] if args.source != "sdist" else [])
         + (["--dry-run"] if args.dry_run else [])
-        + ([f"--report {_shown(args.report, stack.root)}"] if args.report else [])
-        + ([f"--notes {_shown(args.notes, stack.root)}"] if args.notes else [])
+        + ([f"--report {_shown(args.report, shown_root)}"] if args.report and not run_by else [])
+        + ([f"--notes {_shown(args.notes, shown_root)}"] if args.notes and not run_by else [])
     )
-    # `hybrid-stack port` rebases a staged copy of the port, installed into port_root at the end
-    port_root = getattr(args, "port_root", None)
     report = args.report or (
         stack.root / "results" / f"rebase-{version}.md"
         if args.dry_run
@@ -870,6 +874,7 @@ def start(args: argparse.Namespace) -> int:
     state = {
         "version": 1,
         "command": command,
+        "run_by": run_by,
         "work": str(work),
         "source": args.source,
         "old_version": stack.pin.version,
@@ -885,7 +890,7 @@ def start(args: argparse.Namespace) -> int:
         "stopped": "",
         "phase": "replay",
         "report": str(Path(report).resolve()),
-        "notes": _read_notes(args.notes, stack.root),
+        "notes": _read_notes(args.notes, shown_root),
         "apply_state": _read_state(repo),
         "had_tag": repo.has_ref(new.tag),
         # `hybrid-stack port`: the main series this port is made from, recorded at the end
