@@ -179,6 +179,58 @@ def test_allmode_prompt_logprobs_locate_the_first_difference(fake_engines):
     assert "from position" not in harness._logprob_diffs(cold[2000])
 
 
+def test_allmode_ngram_drafter_accepts_drafts_across_block_boundaries(fake_engines):
+    """--set drafter="ngram" --set output_tokens=N: the k > 0 engines draft by
+    n-gram lookup (vLLM's prompt_lookup window), every request decodes N
+    tokens, and the rows, their part label and the table say which drafter
+    ran; k = 0 engines ask for no drafts at all."""
+    m = dict(
+        harness.ALLMODE_MATRIX,
+        ks=[0, 2],
+        modes=["none", "all"],
+        prefixes=[1072],
+        drafter="ngram",
+        output_tokens=160,
+    )
+    rows = harness.suite_allmode(harness.Engine("qwen3.5-9b-like"), **m, failures=[])
+    assert [(s.mode, s.mtp_k, s.drafter) for s in fake_engines] == [
+        (mode, k, "ngram") for k in (0, 2) for mode in ("none", "all")
+    ]
+    # the longest request must fit: prefix + question + its decode
+    assert all(s.max_model_len >= 1072 + 200 + 160 for s in fake_engines)
+    assert {r["output_tokens"] for r in rows} == {160}
+    assert {r["case"].get("drafter") for r in rows} == {"ngram"}
+    spec = fake_engines[3].kwargs()["speculative_config"]
+    assert spec == {
+        "method": "ngram",
+        "num_speculative_tokens": 2,
+        "prompt_lookup_min": harness.NGRAM_LOOKUP[0],
+        "prompt_lookup_max": harness.NGRAM_LOOKUP[1],
+    }
+    assert "speculative_config" not in fake_engines[0].kwargs()
+    assert fake_engines[2].label() == "qwen3.5-9b-like/none/ngram2/chunk64"
+    mtp = harness.Engine("qwen3.5-9b-like", mtp_k=3)
+    assert mtp.kwargs()["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
+    # MTP rows keep the case they always had (merged with earlier results)
+    assert harness.engine_case(mtp, scenario="cold") == {
+        "model": "qwen3.5-9b-like",
+        "mode": "none",
+        "mtp_k": 3,
+        "scenario": "cold",
+    }
+    with pytest.raises(ValueError, match="drafter 'eagle'"):
+        harness.Engine("qwen3.5-9b-like", mtp_k=1, drafter="eagle").kwargs()
+    # the table names the drafter where it is not MTP
+    k2 = next(r for r in rows if r["case"]["mtp_k"] == 2)
+    k0 = next(r for r in rows if r["case"]["mtp_k"] == 0)
+    assert harness._draft_k(k2) == "2 (ngram)" and harness._draft_k(k0) == "0"
+    _, plan, label = harness.select_plan(
+        "tiny-qwen3.5", "allmode", ["allmode"], ['drafter="ngram"', "output_tokens=160"]
+    )
+    assert plan["allmode"]["drafter"] == "ngram" and plan["allmode"]["output_tokens"] == 160
+    assert label == "allmode-drafter-ngram-output_tokens-160"
+
+
 def test_allmode_timed_rows(fake_engines):
     """align then all at vLLM's default budget, per k: time to first token per
     prefix, decode and cold prefill with baseline = align, value = all."""

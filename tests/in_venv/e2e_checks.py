@@ -195,6 +195,26 @@ def test_redraw_weights_is_seeded_and_shaped():
     assert abs(a.embed_tokens.weight.std().item() - 4 / math.sqrt(64)) < 0.02
 
 
+def test_redraw_weights_residual_scale_scales_only_the_residual_writers():
+    """residual_scale multiplies the matrices that write into the residual
+    stream (o_proj / out_proj / down_proj) and leaves every other parameter
+    as the plain redraw draws it, so the echo-prone model differs from the
+    plain one in those matrices only."""
+    plain, echo = Toy(), Toy()
+    for m in (plain, echo):
+        m.out_proj = torch.nn.Linear(256, 64, bias=False)
+        m.mlp = torch.nn.Module()
+        m.mlp.down_proj = torch.nn.Linear(256, 64, bias=False)
+    harness.redraw_weights(plain)
+    harness.redraw_weights(echo, residual_scale=0.25)
+    for (name, p), e in zip(plain.named_parameters(), echo.parameters()):
+        if name in ("out_proj.weight", "mlp.down_proj.weight"):
+            # bfloat16-grid values times a power of two stay exact
+            assert torch.equal(e, p * 0.25), name
+        else:
+            assert torch.equal(e, p), name
+
+
 def test_a_float32_engine_holds_the_bfloat16_models_weights():
     """The prefill suite's float32 reference must run the weights the
     bfloat16 engines run: every value on the bfloat16 grid, except the decay

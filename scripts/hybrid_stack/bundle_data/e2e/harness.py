@@ -68,6 +68,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +132,22 @@ GDN_RAN: set[str] = set()
 # Mamba cache modes with prefix caching on; "none" is prefix caching off.
 MODES = ("none", "align", "all")
 OUTPUT_TOKENS = 24
+# Speculative methods an engine's drafts can come from (Engine.drafter).
+# "mtp": the model's own MTP module; with dummy weights it drafts tokens the
+# model never accepts. "ngram": vLLM's n-gram prompt lookup (Model Runner V2's
+# GPU form), whose drafts are accepted wherever the greedy output repeats its
+# context, as randomly drawn models' outputs soon do: the drafter that puts
+# accepted drafts, and block-boundary crossings after them, through a matrix.
+DRAFTERS = ("mtp", "ngram")
+# ngram's lookup window (prompt_lookup_min, prompt_lookup_max): short enough
+# to match within a loop of a few tokens
+NGRAM_LOOKUP = (2, 8)
 WEIGHT_SEED = 1234
 # Parameters Mamba2 / GDN layers keep in float32 in a bfloat16 model.
 FLOAT32_LEAVES = ("A", "A_log")
+# The projections that add a layer's output to the residual stream (attention,
+# GDN and MLP outputs): redraw_weights' residual_scale scales them.
+RESIDUAL_WRITERS = ("o_proj", "out_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -142,7 +156,8 @@ class Engine:
 
     model: str
     mode: str = "none"
-    mtp_k: int = 0
+    mtp_k: int = 0  # draft tokens a step (0: no speculative decoding)
+    drafter: str = "mtp"  # where the drafts come from (DRAFTERS)
     ssd_prefill: str | None = None
     max_model_len: int = 32768
     eager: bool = False
@@ -175,6 +190,8 @@ class Engine:
     # CompilationConfig, and only the first engine of a process was seen
     # with it off; the later ones chose their combo kernels by timing.
     deterministic_compile: bool = False
+    # redraw_weights' residual_scale (1: the plain random model)
+    residual_scale: float = 1.0
 
     def kwargs(self) -> dict[str, Any]:
         cfg = json.loads((MODELS / self.model / "config.json").read_text())
@@ -209,7 +226,12 @@ class Engine:
         if self.ssd_prefill:
             kw["mamba_ssd_prefill"] = self.ssd_prefill
         if self.mtp_k:
-            kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.mtp_k}
+            if self.drafter not in DRAFTERS:
+                raise ValueError(f"drafter {self.drafter!r}: expected one of {DRAFTERS}")
+            spec: dict[str, Any] = {"method": self.drafter, "num_speculative_tokens": self.mtp_k}
+            if self.drafter == "ngram":
+                spec["prompt_lookup_min"], spec["prompt_lookup_max"] = NGRAM_LOOKUP
+            kw["speculative_config"] = spec
         if self.eager:
             # eager runs the layers' custom-op forms unless told otherwise
             kw["enforce_eager"] = True
@@ -219,7 +241,7 @@ class Engine:
         return kw
 
     def label(self) -> str:
-        parts = [self.model, self.mode, f"mtp{self.mtp_k}"]
+        parts = [self.model, self.mode, f"{self.drafter}{self.mtp_k}"]
         if self.ssd_prefill:
             parts.append(self.ssd_prefill)
         if self.dtype:
@@ -228,6 +250,8 @@ class Engine:
             parts.append(f"chunk{self.max_num_batched_tokens}")
         if self.block_size:
             parts.append(f"block{self.block_size}")
+        if self.residual_scale != 1.0:
+            parts.append(f"residual{self.residual_scale:g}")
         return "/".join(parts)
 
 
@@ -284,7 +308,7 @@ def part_setting(part: dict[str, Any], key: str) -> Any:
     return settings[key] if key in settings else LEGACY_SETTINGS[key]
 
 
-def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
+def redraw_weights(model: Any, seed: int = WEIGHT_SEED, residual_scale: float = 1.0) -> int:
     """Redraw every parameter of ``model`` in place from ``seed``.
 
     Matrices get N(0, 1/fan_in) (embeddings and the LM head N(0, 16/hidden), so
@@ -298,6 +322,13 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
     float32), so a float32 engine of a bfloat16 model's config holds the same
     weights: the reference the prefill suite measures errors against. Returns
     the count.
+
+    ``residual_scale`` < 1 scales the RESIDUAL_WRITERS' matrices, so that in a
+    model with tied embeddings the input token's own embedding weighs more in
+    the last hidden state and the greedy output often repeats its last token:
+    a model whose n-gram drafts are accepted part of the time, while the
+    layers (and so the recurrent states) still decide where a run of repeats
+    ends. 1: every matrix as above.
     """
     import torch
 
@@ -325,6 +356,8 @@ def redraw_weights(model: Any, seed: int = WEIGHT_SEED) -> int:
             normal = torch.randn(data.shape, generator=gen, device=data.device)
             fan_in = data.shape[-1] if data.dim() == 2 else math.prod(data.shape[1:])
             scale = 4.0 if ("embed" in name or "lm_head" in name) else 1.0
+            if name.rsplit(".", 2)[-2] in RESIDUAL_WRITERS:
+                scale *= residual_scale
             new = normal * (scale / math.sqrt(fan_in))
         if leaf not in FLOAT32_LEAVES:
             new = new.to(torch.bfloat16)
@@ -372,7 +405,7 @@ class Runner:
         t0 = time.perf_counter()
         self.llm = LLM(**spec.kwargs())
         self.startup_s = time.perf_counter() - t0
-        self.llm.apply_model(redraw_weights)
+        self.llm.apply_model(partial(redraw_weights, residual_scale=spec.residual_scale))
         for ran in self.llm.apply_model(gdn_backends):
             GDN_RAN.update(ran)
         cfg = self.llm.llm_engine.vllm_config
@@ -497,12 +530,23 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
+def engine_case(spec: Engine, **more: Any) -> dict[str, Any]:
+    """A row's case: model, mode, draft tokens a step and, when they come from
+    another drafter than MTP, which."""
+    case: dict[str, Any] = {"model": spec.model, "mode": spec.mode, "mtp_k": spec.mtp_k}
+    if spec.drafter != "mtp":
+        case["drafter"] = spec.drafter
+    if spec.residual_scale != 1.0:
+        case["residual_scale"] = spec.residual_scale
+    return {**case, **more}
+
+
 def identity_row(
     spec: Engine, scenario: str, got: Served, ref: Served, ideal: int, block: int
 ) -> dict[str, Any]:
     same = got.tokens == ref.tokens
     return common.make_row(
-        {"model": spec.model, "mode": spec.mode, "mtp_k": spec.mtp_k, "scenario": scenario},
+        engine_case(spec, scenario=scenario),
         "identical",
         1.0,
         1.0 if same else 0.0,
@@ -539,22 +583,24 @@ def cache_rows(
     refs: tuple[Served, Served],
     shared: int,
     prompt_logprobs: bool = False,
+    output_tokens: int = OUTPUT_TOKENS,
 ) -> list[dict[str, Any]]:
     """Serve ``a`` cold, ``a`` again and ``b`` (sharing a prefix of ``a``) on an
     engine whose cache holds nothing of them, then ``b`` cold (cache reset),
     twice: the rows of `identity_row` for the scenarios against the
     reference's ``refs`` = (a, b) and of ``VS_COLD``; ``b`` shares the first
     ``shared`` tokens of ``a``. With ``prompt_logprobs`` the cold ``a`` also
-    returns its prompt logprobs, compared with the reference's (`logprob_diff`)."""
+    returns its prompt logprobs, compared with the reference's (`logprob_diff`).
+    Each request generates ``output_tokens`` greedy tokens."""
     bs = run.block_size
     # cached tokens were every block kept (a request's last token is computed)
     ideal = ((len(a) - 1) // bs * bs, shared // bs * bs)
-    cold = run.serve([a], OUTPUT_TOKENS, prompt_logprobs=prompt_logprobs)[0]
-    warm, part = (run.serve([p], OUTPUT_TOKENS)[0] for p in (a, b))
+    cold = run.serve([a], output_tokens, prompt_logprobs=prompt_logprobs)[0]
+    warm, part = (run.serve([p], output_tokens)[0] for p in (a, b))
     cold_b = []
     for _ in range(2):
         run.reset_cache()
-        cold_b.append(run.serve([b], OUTPUT_TOKENS)[0])
+        cold_b.append(run.serve([b], output_tokens)[0])
     ref_a, ref_b = refs
     rows = [
         identity_row(spec, "cold", cold, ref_a, 0, bs),
@@ -621,7 +667,7 @@ def ttft_row(
     cold = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
     warm = run.serve([shared + prompt(rng, question, run.vocab)], 1)[0]
     return common.make_row(
-        {"model": spec.model, "mode": spec.mode, "mtp_k": spec.mtp_k, "prefix_tokens": n},
+        engine_case(spec, prefix_tokens=n),
         "ttft_ms",
         cold.ms,
         warm.ms,
@@ -660,6 +706,9 @@ def suite_allmode(
     failures: list,
     ref_block_size: int | None = None,
     prompt_logprobs: bool = False,
+    drafter: str = "mtp",
+    output_tokens: int = OUTPUT_TOKENS,
+    residual_scale: float = 1.0,
 ) -> list[dict[str, Any]]:
     """The all-mode identity matrix: per MTP k, one engine per mode (``none``,
     prefix caching off, first: the reference). For each prefix length, a
@@ -692,16 +741,24 @@ def suite_allmode(
 
     A second ``none`` in ``modes`` is judged like the other modes: two engines
     of one configuration, which says what the reference itself reproduces
-    across engines."""
+    across engines.
+
+    ``drafter``: where the k > 0 engines' drafts come from (DRAFTERS); with
+    "ngram" drafts are accepted, so a step can end anywhere in its k + 1
+    tokens and cross a block boundary after accepted drafts. Every request
+    generates ``output_tokens`` tokens: more than a prompt's distance to its
+    next block boundary makes its decode cross one. ``residual_scale``: every
+    engine's weights (redraw_weights); below 1 the random model repeats
+    tokens often enough for n-gram drafts to be accepted."""
     assert modes[0] == "none", "the reference engine comes first"
     rows: list[dict[str, Any]] = []
-    longest = max(prefixes) + question + OUTPUT_TOKENS + 64
+    longest = max(prefixes) + question + output_tokens + 64
     base = replace(base, max_model_len=max(base.max_model_len, longest))
     for k in ks:
         refs: dict[int, tuple[Served, Served]] = {}
         ref_block: int | None = None
         for i, mode in enumerate(modes):
-            spec = replace(base, mode=mode, mtp_k=k)
+            spec = replace(base, mode=mode, mtp_k=k, drafter=drafter, residual_scale=residual_scale)
             if chunk and mode != "align":
                 spec = replace(spec, max_num_batched_tokens=chunk)
             if mode == "none" and ref_block_size:
@@ -718,17 +775,18 @@ def suite_allmode(
                     b = a[:n] + prompt(rng, question, run.vocab)
                     if i == 0:
                         refs[n] = (
-                            run.serve([a], OUTPUT_TOKENS, prompt_logprobs=prompt_logprobs)[0],
-                            run.serve([b], OUTPUT_TOKENS)[0],
+                            run.serve([a], output_tokens, prompt_logprobs=prompt_logprobs)[0],
+                            run.serve([b], output_tokens)[0],
                         )
                         continue
                     if n not in refs:
                         continue  # the reference engine failed
-                    got = cache_rows(run, spec, a, b, refs[n], n, prompt_logprobs)
+                    got = cache_rows(run, spec, a, b, refs[n], n, prompt_logprobs, output_tokens)
                     acc = run.counters()
                     for r in got:
                         r["prompt_tokens"] = n + question
                         r["prefix_tokens"] = n
+                        r["output_tokens"] = output_tokens
                         r["max_num_batched_tokens"] = spec.max_num_batched_tokens
                         r["reference_block_size"] = ref_block
                         r.update({f"engine_{c}": v for c, v in acc.items()})
@@ -949,6 +1007,9 @@ ALLMODE_MATRIX = {
     "chunk": 64,
     "ref_block_size": None,
     "prompt_logprobs": False,
+    "drafter": "mtp",
+    "output_tokens": OUTPUT_TOKENS,
+    "residual_scale": 1.0,
 }
 ALLMODE_TIMED = {
     "ks": [0, 3],
@@ -1172,7 +1233,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [
             ("model", lambda r: r["case"]["model"]),
             ("mode", lambda r: r["case"]["mode"]),
-            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("MTP k", lambda r: _draft_k(r)),
             ("prefix", lambda r: r["case"]["prefix_tokens"]),
             ("cold ms", lambda r: r["baseline"]),
             ("warm ms", lambda r: r["value"]),
@@ -1214,7 +1275,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [
             ("model", lambda r: r["case"]["model"]),
             ("mode", lambda r: r["case"]["mode"]),
-            ("MTP k", lambda r: r["case"]["mtp_k"]),
+            ("MTP k", lambda r: _draft_k(r)),
             ("scenario", lambda r: r["case"]["scenario"]),
             ("prefix", lambda r: r.get("prefix_tokens")),
             ("identical", lambda r: "yes" if r["value"] == 1.0 else "no"),
@@ -1223,8 +1284,9 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
             ("ideal", lambda r: r.get("ideal_cached_tokens")),
             ("block", lambda r: r.get("block_size")),
             ("step budget", lambda r: r.get("max_num_batched_tokens")),
+            ("output tokens", lambda r: r.get("output_tokens")),
             (
-                "MTP accepted / drafted",
+                "accepted / drafted",
                 lambda r: (
                     f"{r['engine_spec_decode_num_accepted_tokens']:.0f} / "
                     f"{r['engine_spec_decode_num_draft_tokens']:.0f}"
@@ -1236,6 +1298,12 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         ],
     ),
 }
+
+
+def _draft_k(r: dict[str, Any]) -> str:
+    """Draft tokens a step, with the drafter where it is not MTP ("3 (ngram)")."""
+    k, drafter = r["case"]["mtp_k"], r["case"].get("drafter")
+    return f"{k} ({drafter})" if drafter and k else str(k)
 
 
 def _logprob_diffs(r: dict[str, Any]) -> str | None:
