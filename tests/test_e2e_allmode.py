@@ -179,7 +179,7 @@ def test_allmode_prompt_logprobs_locate_the_first_difference(fake_engines):
     assert "from position" not in harness._logprob_diffs(cold[2000])
 
 
-def test_allmode_ngram_drafter_accepts_drafts_across_block_boundaries(fake_engines):
+def test_allmode_ngram_drafter_and_output_tokens(fake_engines):
     """--set drafter="ngram" --set output_tokens=N: the k > 0 engines draft by
     n-gram lookup (vLLM's prompt_lookup window), every request decodes N
     tokens, and the rows, their part label and the table say which drafter

@@ -444,3 +444,21 @@ def test_readme_without_markers_is_one_line_error(tmp_path: Path, capsys):
     assert run(root, "--check") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and report.BEGIN in err
+
+
+def test_e2e_rows_name_a_drafter_other_than_mtp(tmp_path: Path):
+    """Identity rows drafted by n-gram lookup are told apart from MTP rows of
+    the same k, in the headline and in the identity table."""
+    files = synthetic()
+    rows = files["e2e-allmode-h200.json"]["rows"]
+    ngram = json.loads(json.dumps(rows[2]))  # all mode, cold, MTP k 3
+    ngram["case"]["drafter"] = "ngram"
+    ngram["value"] = 0
+    rows.append(ngram)
+    root = make_root(tmp_path, files)
+    assert run(root) == 0
+    readme = (root / "README.md").read_text()
+    assert "q (MTP k 3, 3 (ngram)): prefix tokens cached" in readme
+    md = (root / "results/report/report.md").read_text()
+    assert "| q | all | 3 (ngram) | cold | no | - |" in md
+    assert report.draft_k({"mtp_k": 0, "drafter": "ngram"}) == "0"
