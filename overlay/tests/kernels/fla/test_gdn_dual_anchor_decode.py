@@ -74,9 +74,10 @@ def strided(idx: torch.Tensor) -> torch.Tensor:
 
 def all_mode_steps(k: int, seed: int):
     """One step of 1 + k tokens (k drafts) per block offset: per sequence the
-    read slot and the write slots (the write block, then the scratch blocks
-    for the drafts), from ``get_mamba_all_mode_state_slots`` over a block
-    table of distinct slots. Slot 0 stays the null block."""
+    read slot and the slot of each token's state (`state_block_idxs`: the
+    write block and the scratch blocks for the drafts), from
+    ``get_mamba_all_mode_state_slots`` over a block table of distinct slots.
+    Slot 0 stays the null block."""
     gen = torch.Generator().manual_seed(seed)
     n = BLOCK
     width = 8
@@ -86,8 +87,7 @@ def all_mode_steps(k: int, seed: int):
         computed = BLOCK + i  # one full block already, then offset i
         slots = get_mamba_all_mode_state_slots(computed, 1 + k, k, BLOCK, k)
         read.append(int(table[i, slots.read_block_idx]))
-        cols = [slots.write_block_idx, *slots.spec_block_idxs]
-        write.append([int(table[i, c]) for c in cols])
+        write.append([int(table[i, c]) for c in slots.state_block_idxs])
     crossings = sum(r != w[0] for r, w in zip(read, write))
     assert crossings >= 1  # the step starting on a boundary
     return (
@@ -323,3 +323,80 @@ def test_conv_update_dual_anchor_matches_copy_first(k_draft, dtypes):
     for r in read.tolist():
         if r not in written:
             assert torch.equal(pool_dual[r], pool0[r])
+
+
+@pytest.mark.parametrize("k_draft", [1, 2, 3])
+@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
+def test_conv_update_stores_the_window_at_the_boundary_draft(k_draft, dtypes):
+    """With ``conv_state_checkpoint_indices`` / ``_offsets`` the kernel also
+    stores the window ending at the boundary draft (all mode's state at a
+    block's end, reached by a draft) into the write block: exactly the last
+    ``width - 1`` inputs up to that token, at the slot's first columns; the
+    rest of that slot, the outputs and every other slot are what the launch
+    without it leaves. Rows whose step reaches no block end (a null slot)
+    store nothing."""
+    dtype, state_dtype = dtypes
+    dim, width = 64, 4
+    T = 1 + k_draft
+    gen = torch.Generator().manual_seed(40 + k_draft)
+    n = BLOCK
+    table = (1 + torch.randperm(n * 8, generator=gen)).view(n, 8)
+    read, write, ckpt, offset = [], [], [], []
+    for i in range(n):
+        slots = get_mamba_all_mode_state_slots(BLOCK + i, T, k_draft, BLOCK, k_draft)
+        read.append(int(table[i, slots.read_block_idx]))
+        write.append(int(table[i, slots.state_block_idxs[0]]))
+        d = slots.boundary_draft
+        ckpt.append(int(table[i, slots.write_block_idx]) if d else 0)
+        offset.append(d)
+    assert any(offset) and not all(offset)
+    num_slots = 1 + n * 8
+    state_len = width - 1 + k_draft
+    x = torch.randn(n, dim, T, generator=gen).to(DEVICE, dtype)
+    weight = torch.randn(dim, width, generator=gen).to(DEVICE, dtype)
+    bias = torch.randn(dim, generator=gen).to(DEVICE, dtype)
+    pool0 = (
+        torch.randn(num_slots, state_len, dim, generator=gen)
+        .to(DEVICE, state_dtype)
+        .transpose(1, 2)
+    )
+    accepted = torch.randint(1, T + 1, (n,), generator=gen).to(DEVICE, torch.int32)
+
+    def run(pool, checkpoint):
+        return causal_conv1d_update(
+            x.clone(),
+            pool,
+            weight,
+            bias,
+            activation="silu",
+            conv_state_indices=strided(torch.tensor(write, dtype=torch.int32)),
+            num_accepted_tokens=accepted,
+            conv_state_read_indices=strided(torch.tensor(read, dtype=torch.int32)),
+            conv_state_checkpoint_indices=None
+            if not checkpoint
+            else strided(torch.tensor(ckpt, dtype=torch.int32)),
+            conv_state_checkpoint_offsets=None
+            if not checkpoint
+            else strided(torch.tensor(offset, dtype=torch.int32)),
+        )
+
+    pool_ref = pool0.clone()
+    o_ref = run(pool_ref, checkpoint=False)
+    pool = pool0.clone()
+    o = run(pool, checkpoint=True)
+    assert torch.equal(o, o_ref)
+    for i in range(n):
+        if not offset[i]:
+            continue
+        # The inputs the step sees: the window it reads, then its tokens.
+        a = int(accepted[i]) - 1
+        seen = torch.cat(
+            [pool0[read[i]][:, a : a + width - 1], x[i].to(state_dtype)], dim=1
+        )
+        d = offset[i]
+        assert torch.equal(pool[ckpt[i]][:, : width - 1], seen[:, d + 1 : d + width])
+        assert torch.equal(
+            pool[ckpt[i]][:, width - 1 :], pool_ref[ckpt[i]][:, width - 1 :]
+        )
+    others = [s for s in range(num_slots) if s not in set(ckpt) - {0}]
+    assert torch.equal(pool[others], pool_ref[others])

@@ -86,11 +86,13 @@ def test_builder_takes_all_mode_without_update_block_table(monkeypatch) -> None:
 
 def test_spec_decode_rows_read_anchors_and_write_slots(monkeypatch) -> None:
     """A pure speculative batch (FULL graph buffers): write indices = write
-    slot then scratch, read = tracked anchor or block-table read slot, conv
-    read = the conv anchor."""
+    slot then scratch (the third row's first draft is the last token of its
+    write block and takes the write slot, whose conv window it checkpoints),
+    read = tracked anchor or block-table read slot, conv read = the conv
+    anchor."""
     k = 2
     builder = _builder(k, monkeypatch)
-    seq_lens, query_lens = [130, 70, 200], [3, 3, 3]
+    seq_lens, query_lens = [130, 70, BLOCK + 1], [3, 3, 3]
     common, table = _common(seq_lens, query_lens)
     anchors = torch.tensor([[-1, -1], [555, 444], [-1, -1]], dtype=torch.int32)
     md = builder.build(
@@ -107,14 +109,17 @@ def test_spec_decode_rows_read_anchors_and_write_slots(monkeypatch) -> None:
     assert builder.spec_state_read_indices is not None
     for row, (s, q) in enumerate(zip(seq_lens, query_lens)):
         slots = get_mamba_all_mode_state_slots(s - q, q, k, BLOCK, k)
-        cols = [slots.write_block_idx, *slots.spec_block_idxs]
+        assert slots.boundary_draft == (1 if row == 2 else 0)
         assert md.spec_state_indices_tensor[row].tolist() == [
-            int(table[row, c]) for c in cols
+            int(table[row, c]) for c in slots.state_block_idxs
         ]
         read = int(table[row, slots.read_block_idx])
         want_read, want_conv = (555, 444) if row == 1 else (read, read)
         assert int(md.spec_state_read_indices[row]) == want_read
         assert int(md.spec_conv_state_read_indices[row]) == want_conv
+        ckpt = int(table[row, slots.write_block_idx]) if row == 2 else NULL_BLOCK_ID
+        assert int(md.spec_conv_checkpoint_indices[row]) == ckpt
+        assert int(md.spec_conv_checkpoint_offsets[row]) == slots.boundary_draft
     # The FULL graph buffers, in place.
     assert (
         md.spec_state_read_indices.data_ptr()
@@ -123,6 +128,10 @@ def test_spec_decode_rows_read_anchors_and_write_slots(monkeypatch) -> None:
     assert (
         md.spec_conv_state_read_indices.data_ptr()
         == builder.spec_state_read_indices[1].data_ptr()
+    )
+    assert (
+        md.spec_conv_checkpoint_indices.data_ptr()
+        == builder.spec_state_read_indices[2].data_ptr()
     )
 
 
@@ -535,14 +544,16 @@ def test_layer_core_mixed_decodes_and_prefill_read_anchors(monkeypatch) -> None:
 
 def test_layer_core_spec_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     """Speculative rows (one with a tracked anchor after 3 accepted tokens,
-    one crossing a block boundary from the block table) beside a prefill:
-    the recurrent state read from the read anchor, the conv window from the
-    conv anchor at the accepted offset; as in the single-anchor form."""
+    one from the block table whose first draft is its write block's last
+    token) beside a prefill: the recurrent state read from the read anchor,
+    the conv window from the conv anchor at the accepted offset, the draft at
+    the block's end written to the write block with its conv window; as in
+    the single-anchor form."""
     import dataclasses
 
     k = 2
     builder = _builder(k, monkeypatch)
-    seq_lens, query_lens = [130, 70, 64 + 128], [3, 3, 128]
+    seq_lens, query_lens = [65, 70, 64 + 128], [3, 3, 128]
     common, table = _common(seq_lens, query_lens)
     anchors = torch.tensor([[-1, -1], [150, 160], [-1, -1]], dtype=torch.int32)
     md = builder.build(
@@ -601,8 +612,12 @@ def test_layer_core_spec_decodes_and_prefill_read_anchors(monkeypatch) -> None:
     # written to the write slots.
     (conv_call,) = conv_calls
     assert conv_call["conv_state_indices"].tolist() == spec[:, 0].tolist()
-    assert conv_call["conv_state_read_indices"].tolist() == [2, 160]
+    assert conv_call["conv_state_read_indices"].tolist() == [1, 160]
     assert conv_call["num_accepted_tokens"][:2].tolist() == [1, 3]
+    # Row 0 reaches its write block's end (token 63) at its first draft.
+    assert spec[0].tolist() == [2, 1, 3]
+    assert conv_call["conv_state_checkpoint_indices"].tolist() == [1, NULL_BLOCK_ID]
+    assert conv_call["conv_state_checkpoint_offsets"].tolist() == [1, 0]
     assert int(md.spec_state_read_indices[1]) == 150
     assert int(md.spec_conv_state_read_indices[1]) == 160
     torch.testing.assert_close(out, ref_out)

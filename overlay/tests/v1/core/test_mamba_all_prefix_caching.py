@@ -384,6 +384,50 @@ def test_boundary_crossed_by_accepted_drafts_is_cached(
     )
 
 
+@pytest.mark.parametrize("num_accepted", [0, 1, 2, 3])
+@pytest.mark.parametrize("boundary_draft", [0, 1, 2, 3])
+def test_block_crossed_in_decode_caches_its_end_state(
+    boundary_draft: int, num_accepted: int
+) -> None:
+    """A decode step whose tokens reach a block's end at a draft writes that
+    draft's state into the block (`state_block_idxs`): a later prompt that
+    continues the generated text and hits the block resumes from the state
+    after exactly the block's tokens, whatever the acceptance was."""
+    k = 3
+    manager = _make_manager(num_speculative_blocks=k)
+    boundary = 2 * BLOCK_SIZE
+    # The first decode step starts `boundary_draft` tokens before the last
+    # position of block 1.
+    prompt_len = boundary - 1 - boundary_draft
+    request = make_request("r", list(range(prompt_len)), BLOCK_SIZE, sha256)
+    request.sampling_params.max_tokens = 10_000
+    _prefill(manager, request, 4 * BLOCK_SIZE, num_lookahead_tokens=k)
+    request.append_output_token_ids([1])
+    # The shadow runner: block id -> the tokens its state has seen.
+    contents: dict[int, tuple[int, ...]] = {}
+    for step in range(6):
+        manager.allocate_slots(request, 1 + k, num_lookahead_tokens=k)
+        manager.fill_checkpoint_slots()
+        start = request.num_computed_tokens
+        slots = get_mamba_all_mode_state_slots(start, 1 + k, k, BLOCK_SIZE, k)
+        if step == 0:
+            assert slots.boundary_draft == boundary_draft
+        row = _mamba_blocks(manager, request.request_id)
+        drafts = [50_000 + start + j for j in range(k)]
+        tokens = [*request.all_token_ids[: start + 1], *drafts]
+        for j, idx in enumerate(slots.state_block_idxs):
+            contents[row[idx].block_id] = tuple(tokens[: start + 1 + j])
+        accepted = num_accepted if step == 0 else 0
+        request.num_computed_tokens += 1 + accepted
+        request.append_output_token_ids([*drafts[:accepted], 90_000 + start])
+        manager.new_step_starts()
+    tokens = list(request.all_token_ids)
+    probe = make_request("probe", tokens[:boundary] + [7, 8], BLOCK_SIZE, sha256)
+    blocks, num_hit, _ = manager.get_computed_blocks(probe)
+    assert num_hit == boundary
+    assert contents[blocks.blocks[MAMBA_GROUP][-1].block_id] == tuple(tokens[:boundary])
+
+
 def test_state_slots_for_prefill_chunks() -> None:
     # Chunk [192, 704) of a 128-token-block request: reads the running state
     # in block 1, checkpoints 256/384/512/640, writes the running state into
