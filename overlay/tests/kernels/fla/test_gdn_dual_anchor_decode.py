@@ -274,23 +274,18 @@ def test_packed_decode_dual_anchor_matches_copy_first(dtypes):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("k_draft", [0, 1, 2, 3])
-@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
-def test_conv_update_dual_anchor_matches_copy_first(k_draft, dtypes):
+def conv_step_inputs(gen, n, dim, width, k_draft, num_slots, dtypes):
+    """``causal_conv1d_update`` inputs for ``n`` sequences of ``1 + k_draft``
+    tokens: x, weight, bias, a pool of ``num_slots`` states with room for the
+    drafts in the conv state's usual layout (dim stride 1), and each sequence's
+    previous acceptance (None without drafts)."""
     dtype, state_dtype = dtypes
-    dim, width = 64, 4
     T = 1 + k_draft
-    read, write, num_slots = all_mode_steps(k_draft, seed=20 + k_draft)
-    write = write[:, 0]  # the conv window of a step lives in one slot
-    n = read.shape[0]
-    gen = torch.Generator().manual_seed(20 + k_draft)
-    state_len = width - 1 + k_draft
     x = torch.randn(n, dim, T, generator=gen).to(DEVICE, dtype)
     weight = torch.randn(dim, width, generator=gen).to(DEVICE, dtype)
     bias = torch.randn(dim, generator=gen).to(DEVICE, dtype)
-    # (slots, dim, state_len) with the conv state's usual layout: dim stride 1.
-    pool0 = (
-        torch.randn(num_slots, state_len, dim, generator=gen)
+    pool = (
+        torch.randn(num_slots, width - 1 + k_draft, dim, generator=gen)
         .to(DEVICE, state_dtype)
         .transpose(1, 2)
     )
@@ -299,16 +294,41 @@ def test_conv_update_dual_anchor_matches_copy_first(k_draft, dtypes):
         if k_draft
         else None
     )
+    return x, weight, bias, pool, accepted
+
+
+def conv_update(inputs, pool, **indices):
+    """``causal_conv1d_update`` of ``conv_step_inputs`` on ``pool`` (a copy of
+    their pool) with the given index arguments; returns the output."""
+    x, weight, bias, _, accepted = inputs
+    return causal_conv1d_update(
+        x.clone(),
+        pool,
+        weight,
+        bias,
+        activation="silu",
+        num_accepted_tokens=accepted,
+        **indices,
+    )
+
+
+@pytest.mark.parametrize("k_draft", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtypes", DTYPES, ids=str)
+def test_conv_update_dual_anchor_matches_copy_first(k_draft, dtypes):
+    dim, width = 64, 4
+    read, write, num_slots = all_mode_steps(k_draft, seed=20 + k_draft)
+    write = write[:, 0]  # the conv window of a step lives in one slot
+    gen = torch.Generator().manual_seed(20 + k_draft)
+    inputs = conv_step_inputs(
+        gen, read.shape[0], dim, width, k_draft, num_slots, dtypes
+    )
+    pool0 = inputs[3]
 
     def run(pool, indices, read_indices):
-        return causal_conv1d_update(
-            x.clone(),
+        return conv_update(
+            inputs,
             pool,
-            weight,
-            bias,
-            activation="silu",
             conv_state_indices=indices,
-            num_accepted_tokens=accepted,
             conv_state_read_indices=read_indices,
         )
 
@@ -335,7 +355,7 @@ def test_conv_update_stores_the_window_at_the_boundary_draft(k_draft, dtypes):
     rest of that slot, the outputs and every other slot are what the launch
     without it leaves. Rows whose step reaches no block end (a null slot)
     store nothing."""
-    dtype, state_dtype = dtypes
+    _, state_dtype = dtypes
     dim, width = 64, 4
     T = 1 + k_draft
     gen = torch.Generator().manual_seed(40 + k_draft)
@@ -351,26 +371,14 @@ def test_conv_update_stores_the_window_at_the_boundary_draft(k_draft, dtypes):
         offset.append(d)
     assert any(offset) and not all(offset)
     num_slots = 1 + n * 8
-    state_len = width - 1 + k_draft
-    x = torch.randn(n, dim, T, generator=gen).to(DEVICE, dtype)
-    weight = torch.randn(dim, width, generator=gen).to(DEVICE, dtype)
-    bias = torch.randn(dim, generator=gen).to(DEVICE, dtype)
-    pool0 = (
-        torch.randn(num_slots, state_len, dim, generator=gen)
-        .to(DEVICE, state_dtype)
-        .transpose(1, 2)
-    )
-    accepted = torch.randint(1, T + 1, (n,), generator=gen).to(DEVICE, torch.int32)
+    inputs = conv_step_inputs(gen, n, dim, width, k_draft, num_slots, dtypes)
+    x, _, _, pool0, accepted = inputs
 
     def run(pool, checkpoint):
-        return causal_conv1d_update(
-            x.clone(),
+        return conv_update(
+            inputs,
             pool,
-            weight,
-            bias,
-            activation="silu",
             conv_state_indices=strided(torch.tensor(write, dtype=torch.int32)),
-            num_accepted_tokens=accepted,
             conv_state_read_indices=strided(torch.tensor(read, dtype=torch.int32)),
             conv_state_checkpoint_indices=None
             if not checkpoint
