@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pr-stack against the synthetic tiny upstream (tests/conftest.py)."""
+"""pr-stack against the synthetic tiny upstream (tests/conftest.py), and the
+repository's own results."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import shutil
 from pathlib import Path
 
 from conftest import CORE_V1, Toy, add_entry, git
+
+REPO = Path(__file__).resolve().parents[1]
 
 DESCRIPTION = '''description = """
 ## Purpose
@@ -158,3 +161,18 @@ def test_without_a_work_tree_it_says_to_apply(toy: Toy, capsys):
     err = capsys.readouterr().err
     assert f"no work tree at {toy.work}: run hybrid-stack apply first" in err
     assert not (toy.root / "results/pr-stack").exists()
+
+
+def test_every_committed_stack_result_reaches_an_entrys_body():
+    """Each results/*.json that measures a stack kernel (`stack_kernel`) or
+    names an entry belongs to some carried entry, so its rows reach that PR
+    body; a kernel in an upstream module needs the result's `entry`."""
+    from hybrid_stack.prstack import entry_results
+    from hybrid_stack.stack import load_stack
+
+    stack = load_stack(REPO)
+    linked = {path for e in stack.entries for path, _ in entry_results(stack, e)}
+    for path in sorted((REPO / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and (data.get("stack_kernel") or data.get("entry")):
+            assert path.relative_to(REPO).as_posix() in linked, path.name

@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         + "; beside it GPU time per call from one CUDA-graph replay of 100 calls "
         "(*_graph_ms, graph_ratio = baseline / value)",
         stack_kernel="chunk_gated_delta_rule(checkpoints=ChunkStateCheckpoints)",
+        # the kernel's module is upstream's: pr-stack links the result by name
+        entry="gdn-all-mode-prefill-checkpoints",
         notes={
             "dims": f"{QK_HEADS} q/k heads, {V_HEADS} v heads, head dim {HEAD_DIM}",
             "baseline": "chunk_gated_delta_rule without checkpoints",
