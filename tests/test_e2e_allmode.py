@@ -42,23 +42,36 @@ def test_allmode_plan_covers_the_matrix():
 
 
 class FakeRunner:
-    """Greedy tokens are a function of the prompt; mode ``all`` with MTP 2
-    diverges on the shared-prefix prompt of 2000 tokens (a wrong cached
-    state), decodes slower than align and prefills long prompts 3% slower."""
+    """Each greedy token is a function of the sequence before it (so a prompt
+    continuing a request's own tokens gets the token the request got next);
+    mode ``all`` with MTP 2 diverges on the shared-prefix prompt of 2000 tokens
+    (a wrong cached state) and, for a prompt that hits a block its decode
+    completed, moves that token's logprob (a wrong decode checkpoint); it
+    decodes slower than align and prefills long prompts 3% slower."""
 
     def __init__(self, spec):
         self.spec, self.block_size, self.vocab = spec, spec.block_size or BLOCK, 1000
         self.seen: set[tuple[int, ...]] = set()
+        self.decoded: set[tuple[int, ...]] = set()  # blocks decodes completed
 
-    def serve(self, prompts, max_tokens, prompt_logprobs=False):
+    def serve(self, prompts, max_tokens, prompt_logprobs=False, output_logprobs=False):
         out = []
         for p in prompts:
-            toks = [(sum(p) + i) % 97 for i in range(max_tokens)]
+            seq = list(p)
+            for _ in range(max_tokens):
+                seq.append((sum(seq) + len(seq)) % 97)
+            toks = seq[len(p) :]
             key = tuple(p[: len(p) // BLOCK * BLOCK])
-            cached = len(key) if key and key in self.seen else 0
+            from_decode = key in self.decoded
+            cached = len(key) if key and (key in self.seen or from_decode) else 0
             self.seen.add(key)
-            if (self.spec.mode, self.spec.mtp_k, len(p)) == ("all", 2, 2200) and cached:
+            self.decoded.add(tuple(seq[: len(seq) // BLOCK * BLOCK]))
+            bug = (self.spec.mode, self.spec.mtp_k) == ("all", 2)
+            if bug and len(p) == 2200 and cached:
                 toks[5] += 1
+            out_lps = [-(t % 13) / 7 for t in toks] if output_logprobs else []
+            if bug and from_decode and out_lps:
+                out_lps[0] -= 2**-20
             ms = 100.0 if max_tokens > 100 and self.spec.mode == "align" else 125.0
             if len(p) >= 16384 and max_tokens == 1:
                 ms = 1000.0 if self.spec.mode == "align" else 1030.0
@@ -69,7 +82,7 @@ class FakeRunner:
                 lps = [-(t % 13) / 7 for t in p[1:]]
                 if self.spec.mode == "all" and len(p) == 1272:
                     lps[639:] = [x - 2**-20 for x in lps[639:]]
-            out.append(harness.Served(toks, cached, ms, lps))
+            out.append(harness.Served(toks, cached, ms, lps, out_lps))
         return out
 
     def gpu_ms(self, prompts, max_tokens):
@@ -79,6 +92,7 @@ class FakeRunner:
 
     def reset_cache(self):
         self.seen.clear()
+        self.decoded.clear()
 
     def counters(self):
         return {"prefix_cache_hits": 1.0}
@@ -479,3 +493,32 @@ def test_first_config_makes_every_engine_compile_deterministically(
     assert "compilation_config" not in bases[0].kwargs()
     eager = replace(bases[1], eager=True).kwargs()["compilation_config"]
     assert "inductor_compile_config" not in eager
+
+
+def test_allmode_continuation_rows(fake_engines):
+    """--set continuation=true: for each mode and prefix whose cold request
+    decodes past a block boundary, a next turn (the prompt and its own tokens
+    one past the boundary) hits the block the decode completed; its token and
+    that token's logprob against the cold request's. A logprob moved by one
+    ulp-sized step with the same token fails the row."""
+    m = dict(
+        harness.ALLMODE_MATRIX,
+        ks=[0, 2],
+        modes=["none", "all"],
+        prefixes=[1072, 2000],
+        output_tokens=400,
+        continuation=True,
+    )
+    rows = harness.suite_allmode(harness.Engine("tiny-qwen3.5"), **m, failures=[])
+    cont = [r for r in rows if r["case"]["scenario"] == harness.CONTINUE]
+    # 1272 tokens decode past 1584 (BLOCK 528) within 400; 2200 reach 2376 only
+    assert [(r["case"]["mtp_k"], r["prefix_tokens"]) for r in cont] == [(0, 1072), (2, 1072)]
+    for r in cont:
+        assert r["continued_tokens"] == 3 * BLOCK - 1272 + 1
+        assert r["cached_tokens"] == r["ideal_cached_tokens"] == 3 * BLOCK
+    ok, bad = cont
+    assert ok["value"] == 1.0 and ok["output_logprob_diff"] == 0
+    assert bad["value"] == 0.0 and bad["output_logprob_diff"] == 2**-20
+    assert bad["first_divergence"] == -1  # the same token: only the logprob moved
+    # off by default: the matrix's rows stay what they were
+    assert harness.ALLMODE_MATRIX["continuation"] is False

@@ -306,3 +306,39 @@ def test_plans_name_existing_models_and_suites():
         assert set(plan) <= set(harness.SUITES)
     engine = harness.Engine("tiny-qwen3.5")
     assert replace(engine, mode="align").label() == "tiny-qwen3.5/align/mtp0"
+
+
+def test_serve_reads_each_generated_tokens_logprob():
+    """Runner.serve(output_logprobs=True) asks vLLM for the sampled tokens'
+    logprobs (logprobs=0) and returns each generated token's own, in order."""
+    from vllm.logprobs import Logprob
+    from vllm.sampling_params import SamplingParams
+
+    params = harness.Runner._params(4, output_logprobs=True)
+    assert isinstance(params, SamplingParams) and params.logprobs == 0
+    assert harness.Runner._params(4).logprobs is None
+
+    class Out:
+        token_ids = [5, 9]
+        # a top-1 entry that is not the sampled token must not be read
+        logprobs = [
+            {5: Logprob(-0.25), 7: Logprob(-0.5)},
+            {3: Logprob(-0.125), 9: Logprob(-2.0)},
+        ]
+
+    class RequestOutput:
+        outputs = [Out()]
+        num_cached_tokens = 64
+        prompt_logprobs = None
+
+    class FakeLLM:
+        def generate(self, prompts, params, use_tqdm):
+            assert params.logprobs == 0
+            return [RequestOutput()]
+
+    runner = harness.Runner.__new__(harness.Runner)
+    runner.llm = FakeLLM()
+    runner.spec = harness.Engine("tiny-qwen3.5")
+    (served,) = runner.serve([[1, 2, 3]], 2, output_logprobs=True)
+    assert served.tokens == [5, 9] and served.cached == 64
+    assert served.output_logprobs == [-0.25, -2.0]

@@ -376,6 +376,8 @@ class Served:
     cached: int
     ms: float
     logprobs: list[float] = field(default_factory=list)
+    # the logprob of each generated token (Runner.serve's output_logprobs)
+    output_logprobs: list[float] = field(default_factory=list)
 
 
 @contextmanager
@@ -418,7 +420,9 @@ class Runner:
         )
 
     @staticmethod
-    def _params(max_tokens: int, prompt_logprobs: bool = False) -> Any:
+    def _params(
+        max_tokens: int, prompt_logprobs: bool = False, output_logprobs: bool = False
+    ) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -427,14 +431,19 @@ class Runner:
             ignore_eos=True,
             detokenize=False,
             prompt_logprobs=0 if prompt_logprobs else None,
+            logprobs=0 if output_logprobs else None,
         )
 
     def serve(
-        self, prompts: list[list[int]], max_tokens: int, prompt_logprobs: bool = False
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        prompt_logprobs: bool = False,
+        output_logprobs: bool = False,
     ) -> list[Served]:
         from vllm.inputs import TokensPrompt
 
-        params = self._params(max_tokens, prompt_logprobs)
+        params = self._params(max_tokens, prompt_logprobs, output_logprobs)
         with gpu_lock(self.spec.lock):
             t0 = time.perf_counter()
             outs = self.llm.generate(
@@ -447,7 +456,11 @@ class Runner:
             if prompt_logprobs:
                 for tok, pos in zip(p[1:], o.prompt_logprobs[1:]):
                     lps.append(pos[tok].logprob)
-            served.append(Served(list(o.outputs[0].token_ids), o.num_cached_tokens or 0, ms, lps))
+            toks = list(o.outputs[0].token_ids)
+            out_lps = []
+            if output_logprobs:
+                out_lps = [pos[t].logprob for t, pos in zip(toks, o.outputs[0].logprobs)]
+            served.append(Served(toks, o.num_cached_tokens or 0, ms, lps, out_lps))
         return served
 
     def gpu_ms(self, prompts: list[list[int]], max_tokens: int) -> float:
@@ -573,6 +586,8 @@ def identity_row(
 # prompt, to keep a state there; its cold run has no such cut, so for align
 # shared-prefix-vs-cold compares different arithmetic too.)
 VS_COLD = ("same-twice-vs-cold", "shared-prefix-vs-cold", "repeat-vs-cold")
+# continuation_row: a next turn against the request it continues
+CONTINUE = "continue-vs-cold"
 
 
 def cache_rows(
@@ -584,6 +599,7 @@ def cache_rows(
     shared: int,
     prompt_logprobs: bool = False,
     output_tokens: int = OUTPUT_TOKENS,
+    continuation: bool = False,
 ) -> list[dict[str, Any]]:
     """Serve ``a`` cold, ``a`` again and ``b`` (sharing a prefix of ``a``) on an
     engine whose cache holds nothing of them, then ``b`` cold (cache reset),
@@ -591,12 +607,17 @@ def cache_rows(
     reference's ``refs`` = (a, b) and of ``VS_COLD``; ``b`` shares the first
     ``shared`` tokens of ``a``. With ``prompt_logprobs`` the cold ``a`` also
     returns its prompt logprobs, compared with the reference's (`logprob_diff`).
-    Each request generates ``output_tokens`` greedy tokens."""
+    Each request generates ``output_tokens`` greedy tokens. With
+    ``continuation``, also `continuation_row` (before the cache resets), when
+    the cold ``a``'s tokens cross a block boundary."""
     bs = run.block_size
     # cached tokens were every block kept (a request's last token is computed)
     ideal = ((len(a) - 1) // bs * bs, shared // bs * bs)
-    cold = run.serve([a], output_tokens, prompt_logprobs=prompt_logprobs)[0]
+    # output logprobs only where a row reads them
+    more_out = {"output_logprobs": True} if continuation else {}
+    cold = run.serve([a], output_tokens, prompt_logprobs=prompt_logprobs, **more_out)[0]
     warm, part = (run.serve([p], output_tokens)[0] for p in (a, b))
+    more = continuation_row(run, spec, a, cold) if continuation else []
     cold_b = []
     for _ in range(2):
         run.reset_cache()
@@ -609,10 +630,36 @@ def cache_rows(
         identity_row(spec, VS_COLD[0], warm, cold, ideal[0], bs),
         identity_row(spec, VS_COLD[1], part, cold_b[0], ideal[1], bs),
         identity_row(spec, VS_COLD[2], cold_b[1], cold_b[0], 0, bs),
+        *more,
     ]
     if cold.logprobs and ref_a.logprobs:
         rows[0].update(logprob_diff(cold.logprobs, ref_a.logprobs))
     return rows
+
+
+def continuation_row(run: Runner, spec: Engine, a: list[int], cold: Served) -> list[dict[str, Any]]:
+    """A prompt that continues ``a`` with its own greedy tokens (``cold``, served
+    with output logprobs) one token past the first block boundary the decode
+    crossed, as a chat's next turn does: it hits the state the decode left at
+    that boundary and computes one token. On Model Runner V2 that token runs
+    as a decode step of the generating step's shape, so its greedy token and
+    that token's logprob must equal the generating request's bit for bit; a
+    block cached with the state of other tokens changes them. No row when the
+    tokens cross no boundary."""
+    bs = run.block_size
+    boundary = (len(a) // bs + 1) * bs
+    m = boundary - len(a) + 1
+    if m >= len(cold.tokens):
+        return []
+    got = run.serve([a + cold.tokens[:m]], 1, output_logprobs=True)[0]
+    want = Served(cold.tokens[m : m + 1], 0, cold.ms, [], cold.output_logprobs[m : m + 1])
+    row = identity_row(spec, CONTINUE, got, want, boundary, bs)
+    diff = abs(got.output_logprobs[0] - want.output_logprobs[0])
+    if diff:
+        row["value"] = row["ratio"] = 0.0
+    row["output_logprob_diff"] = diff
+    row["continued_tokens"] = m
+    return [row]
 
 
 def logprob_diff(got: list[float], ref: list[float]) -> dict[str, Any]:
@@ -709,6 +756,7 @@ def suite_allmode(
     drafter: str = "mtp",
     output_tokens: int = OUTPUT_TOKENS,
     residual_scale: float = 1.0,
+    continuation: bool = False,
 ) -> list[dict[str, Any]]:
     """The all-mode identity matrix: per MTP k, one engine per mode (``none``,
     prefix caching off, first: the reference). For each prefix length, a
@@ -749,7 +797,9 @@ def suite_allmode(
     generates ``output_tokens`` tokens: more than a prompt's distance to its
     next block boundary makes its decode cross one. ``residual_scale``: every
     engine's weights (redraw_weights); below 1 the random model repeats
-    tokens often enough for n-gram drafts to be accepted."""
+    tokens often enough for n-gram drafts to be accepted. ``continuation``:
+    each mode's `continuation_row` too (the state a decode leaves at a block
+    boundary, read as a next turn reads it)."""
     assert modes[0] == "none", "the reference engine comes first"
     rows: list[dict[str, Any]] = []
     longest = max(prefixes) + question + output_tokens + 64
@@ -781,7 +831,9 @@ def suite_allmode(
                         continue
                     if n not in refs:
                         continue  # the reference engine failed
-                    got = cache_rows(run, spec, a, b, refs[n], n, prompt_logprobs, output_tokens)
+                    got = cache_rows(
+                        run, spec, a, b, refs[n], n, prompt_logprobs, output_tokens, continuation
+                    )
                     acc = run.counters()
                     for r in got:
                         r["prompt_tokens"] = n + question
@@ -1010,6 +1062,7 @@ ALLMODE_MATRIX = {
     "drafter": "mtp",
     "output_tokens": OUTPUT_TOKENS,
     "residual_scale": 1.0,
+    "continuation": False,
 }
 ALLMODE_TIMED = {
     "ks": [0, 3],
