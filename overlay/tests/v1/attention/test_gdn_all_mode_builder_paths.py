@@ -106,6 +106,8 @@ def test_spec_decode_rows_read_anchors_and_write_slots(monkeypatch) -> None:
     assert md.spec_state_indices_tensor is not None
     assert md.spec_state_read_indices is not None
     assert md.spec_conv_state_read_indices is not None
+    assert md.spec_conv_checkpoint_indices is not None
+    assert md.spec_conv_checkpoint_offsets is not None
     assert builder.spec_state_read_indices is not None
     for row, (s, q) in enumerate(zip(seq_lens, query_lens)):
         slots = get_mamba_all_mode_state_slots(s - q, q, k, BLOCK, k)
