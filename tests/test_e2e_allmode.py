@@ -237,7 +237,7 @@ def test_allmode_ngram_drafter_and_output_tokens(fake_engines):
     # the table names the drafter where it is not MTP
     k2 = next(r for r in rows if r["case"]["mtp_k"] == 2)
     k0 = next(r for r in rows if r["case"]["mtp_k"] == 0)
-    assert harness._draft_k(k2) == "2 (ngram)" and harness._draft_k(k0) == "0"
+    assert common.draft_k(k2["case"]) == "2 (ngram)" and common.draft_k(k0["case"]) == "0"
     _, plan, label = harness.select_plan(
         "tiny-qwen3.5", "allmode", ["allmode"], ['drafter="ngram"', "output_tokens=160"]
     )
@@ -413,9 +413,9 @@ class SplitRunner(FakeRunner):
         self.calls.append("reset")
         super().reset_cache()
 
-    def serve(self, prompts, max_tokens, prompt_logprobs=False):
+    def serve(self, prompts, max_tokens, prompt_logprobs=False, output_logprobs=False):
         self.calls.append("serve")
-        out = super().serve(prompts, max_tokens, prompt_logprobs)
+        out = super().serve(prompts, max_tokens, prompt_logprobs, output_logprobs)
         for s in out:
             if self.spec.mode != "none":
                 s.tokens[3] += 1

@@ -461,4 +461,4 @@ def test_e2e_rows_name_a_drafter_other_than_mtp(tmp_path: Path):
     assert "q (MTP k 3, 3 (ngram)): prefix tokens cached" in readme
     md = (root / "results/report/report.md").read_text()
     assert "| q | all | 3 (ngram) | cold | no | - |" in md
-    assert report.draft_k({"mtp_k": 0, "drafter": "ngram"}) == "0"
+    assert common.draft_k({"mtp_k": 0, "drafter": "ngram"}) == "0"

@@ -109,13 +109,6 @@ def num(x: Any) -> str:
     return f"{x:.2f}" if a >= 1 else f"{x:.3f}"
 
 
-def draft_k(case: dict[str, Any]) -> str:
-    """An e2e row's draft tokens a step, naming the drafter where it is not
-    MTP ("3 (ngram)"), as the harness's own tables do."""
-    k, drafter = case["mtp_k"], case.get("drafter")
-    return f"{k} ({drafter})" if drafter and k else str(k)
-
-
 def ratio(x: Any, digits: int = 2) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}x"
 
@@ -562,7 +555,7 @@ def e2e(r: Result) -> Section:
                 "cached / ideal",
             ],
             [
-                [x["case"]["model"], x["case"]["mode"], draft_k(x["case"])]
+                [x["case"]["model"], x["case"]["mode"], common.draft_k(x["case"])]
                 + [str(x["case"]["prefix_tokens"]), num(x["baseline"]), num(x["value"])]
                 + [f"{x['value'] / x['baseline']:.3f}"]
                 + [f"{x.get('cached_tokens', '?')} / {x.get('ideal_cached_tokens', '?')}"]
@@ -576,7 +569,7 @@ def e2e(r: Result) -> Section:
         lines += table(
             ["model", "mode", "MTP k", "scenario", "identical", "first divergence"],
             [
-                [x["case"]["model"], x["case"]["mode"], draft_k(x["case"])]
+                [x["case"]["model"], x["case"]["mode"], common.draft_k(x["case"])]
                 + [x["case"]["scenario"], "yes" if x["value"] == 1 else "no"]
                 + [str(x["first_divergence"]) if x.get("first_divergence", -1) >= 0 else "-"]
                 for x in ident
@@ -644,7 +637,7 @@ def e2e_allmode(r: Result) -> Section:
     parts = []
     for model in sorted({x["case"]["model"] for x in ident}):
         mine = [x for x in ident if x["case"]["model"] == model]
-        ks = sorted({draft_k(x["case"]) for x in mine})
+        ks = sorted({common.draft_k(x["case"]) for x in mine})
         cached, same, own = [], [], []
         for mode in ("align", "all"):
             shared = [

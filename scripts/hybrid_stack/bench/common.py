@@ -266,6 +266,13 @@ def make_row(
     return row
 
 
+def draft_k(case: dict[str, Any]) -> str:
+    """An end-to-end row's draft tokens a step (its case's ``mtp_k``), naming
+    the drafter where it is not MTP ("3 (ngram)")."""
+    k, drafter = case["mtp_k"], case.get("drafter")
+    return f"{k} ({drafter})" if drafter and k else str(k)
+
+
 def make_result(bench: str, rows: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     v = versions()
     result: dict[str, Any] = {

@@ -613,9 +613,9 @@ def cache_rows(
     bs = run.block_size
     # cached tokens were every block kept (a request's last token is computed)
     ideal = ((len(a) - 1) // bs * bs, shared // bs * bs)
-    # output logprobs only where a row reads them
-    more_out = {"output_logprobs": True} if continuation else {}
-    cold = run.serve([a], output_tokens, prompt_logprobs=prompt_logprobs, **more_out)[0]
+    cold = run.serve(
+        [a], output_tokens, prompt_logprobs=prompt_logprobs, output_logprobs=continuation
+    )[0]
     warm, part = (run.serve([p], output_tokens)[0] for p in (a, b))
     more = continuation_row(run, spec, a, cold) if continuation else []
     cold_b = []
@@ -1286,7 +1286,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [
             ("model", lambda r: r["case"]["model"]),
             ("mode", lambda r: r["case"]["mode"]),
-            ("MTP k", lambda r: _draft_k(r)),
+            ("MTP k", lambda r: common.draft_k(r["case"])),
             ("prefix", lambda r: r["case"]["prefix_tokens"]),
             ("cold ms", lambda r: r["baseline"]),
             ("warm ms", lambda r: r["value"]),
@@ -1328,7 +1328,7 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         [
             ("model", lambda r: r["case"]["model"]),
             ("mode", lambda r: r["case"]["mode"]),
-            ("MTP k", lambda r: _draft_k(r)),
+            ("MTP k", lambda r: common.draft_k(r["case"])),
             ("scenario", lambda r: r["case"]["scenario"]),
             ("prefix", lambda r: r.get("prefix_tokens")),
             ("identical", lambda r: "yes" if r["value"] == 1.0 else "no"),
@@ -1351,12 +1351,6 @@ TABLES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
         ],
     ),
 }
-
-
-def _draft_k(r: dict[str, Any]) -> str:
-    """Draft tokens a step, with the drafter where it is not MTP ("3 (ngram)")."""
-    k, drafter = r["case"]["mtp_k"], r["case"].get("drafter")
-    return f"{k} ({drafter})" if drafter and k else str(k)
 
 
 def _logprob_diffs(r: dict[str, Any]) -> str | None:
