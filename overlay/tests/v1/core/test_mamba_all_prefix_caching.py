@@ -286,10 +286,16 @@ def test_eagle_drop_keeps_mamba_hit(num_shared_blocks: int) -> None:
 
 
 def _decode_step(
-    manager: KVCacheManager, request: Request, num_draft: int, num_accepted: int
+    manager: KVCacheManager,
+    request: Request,
+    num_draft: int,
+    num_accepted: int,
+    contents: dict[int, tuple[int, ...]] | None = None,
 ) -> None:
     # One verified token plus `num_draft` drafts; the drafter proposes
-    # `num_draft` more (lookahead).
+    # `num_draft` more (lookahead). With `contents` (block id -> the tokens
+    # its state has seen), the model runner's writes: each token's state into
+    # the block `state_block_idxs` names.
     new_blocks = manager.allocate_slots(
         request, 1 + num_draft, num_lookahead_tokens=num_draft
     )
@@ -320,10 +326,17 @@ def _decode_step(
         assert row[idx].is_null or row[idx].ref_cnt == 1
     assert slots.read_block_idx not in slots.spec_block_idxs
     assert slots.read_block_idx < 0 or not row[slots.read_block_idx].is_null
+    # The drafts (and the bonus token) all take one token value, so accepted
+    # drafts are the output tokens the states saw.
+    token = 7 + request.num_tokens
+    if contents is not None:
+        seen = list(request.all_token_ids) + [token] * num_draft
+        for j, idx in enumerate(slots.state_block_idxs[: 1 + num_draft]):
+            contents[row[idx].block_id] = tuple(seen[: request.num_tokens + j])
     # The verified token and `num_accepted` drafts are computed; they and the
     # bonus token become output tokens (the bonus one is not computed yet).
     request.num_computed_tokens += 1 + num_accepted
-    request.append_output_token_ids([7 + request.num_tokens] * (1 + num_accepted))
+    request.append_output_token_ids([token] * (1 + num_accepted))
     manager.new_step_starts()
 
 
@@ -403,24 +416,13 @@ def test_block_crossed_in_decode_caches_its_end_state(
     request.sampling_params.max_tokens = 10_000
     _prefill(manager, request, 4 * BLOCK_SIZE, num_lookahead_tokens=k)
     request.append_output_token_ids([1])
+    slots = get_mamba_all_mode_state_slots(prompt_len, 1 + k, k, BLOCK_SIZE, k)
+    assert slots.boundary_draft == boundary_draft
     # The shadow runner: block id -> the tokens its state has seen.
     contents: dict[int, tuple[int, ...]] = {}
-    for step in range(6):
-        manager.allocate_slots(request, 1 + k, num_lookahead_tokens=k)
-        manager.fill_checkpoint_slots()
-        start = request.num_computed_tokens
-        slots = get_mamba_all_mode_state_slots(start, 1 + k, k, BLOCK_SIZE, k)
-        if step == 0:
-            assert slots.boundary_draft == boundary_draft
-        row = _mamba_blocks(manager, request.request_id)
-        drafts = [50_000 + start + j for j in range(k)]
-        tokens = [*request.all_token_ids[: start + 1], *drafts]
-        for j, idx in enumerate(slots.state_block_idxs):
-            contents[row[idx].block_id] = tuple(tokens[: start + 1 + j])
-        accepted = num_accepted if step == 0 else 0
-        request.num_computed_tokens += 1 + accepted
-        request.append_output_token_ids([*drafts[:accepted], 90_000 + start])
-        manager.new_step_starts()
+    _decode_step(manager, request, k, num_accepted, contents)
+    for _ in range(5):
+        _decode_step(manager, request, k, 0, contents)
     tokens = list(request.all_token_ids)
     probe = make_request("probe", tokens[:boundary] + [7, 8], BLOCK_SIZE, sha256)
     blocks, num_hit, _ = manager.get_computed_blocks(probe)
